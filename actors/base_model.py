@@ -1,0 +1,159 @@
+"""The tiny base model tidal makes for itself, saved as a Hugging Face model directory.
+
+No model can be downloaded on the development machine, so tidal builds a small Llama-architecture causal
+LM with a character-level tokenizer, gives it a short supervised warm-up on transcripts of random legal
+play (so it knows the move format, as a real base model would), and saves it with ``save_pretrained``.
+Everything downstream loads it with ``from_pretrained``: the same path a real model directory takes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from algos.losses import sft_loss
+from envs.registry import make, make_opponent
+
+log = logging.getLogger(__name__)
+
+PAD, EOS = "<pad>", "<eos>"
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    hidden_size: int = 128
+    layers: int = 2
+    heads: int = 4  # head_dim = hidden_size / heads must stay >= 32 (vLLM's CPU attention)
+    intermediate_size: int = 256
+    vocab_size: int = 320
+    max_positions: int = 256
+    warmup_env: str = "tictactoe"
+    warmup_games: int = 3000
+    warmup_steps: int = 600
+    warmup_batch: int = 128
+    warmup_lr: float = 2e-3
+    seed: int = 0
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def make_tokenizer(corpus: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer trained on ``corpus``, wrapped as a transformers fast tokenizer.
+
+    It is the same kind of tokenizer GPT-2 and most open models use, so it saves, loads and decodes
+    through the standard code path; training it on the game's own text keeps prompts short.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS)
+
+
+def make_model(tokenizer, cfg: TinyModelConfig):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if cfg.hidden_size // cfg.heads < 32:
+        raise ValueError(f"head_dim {cfg.hidden_size // cfg.heads} < 32: vLLM's CPU attention needs >= 32")
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.heads,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(cfg.seed)
+    return LlamaForCausalLM(config)
+
+
+def random_play_transcripts(env_name: str, games: int, seed: int) -> list[tuple[str, str]]:
+    """(prompt, answer) pairs from games where both seats play uniformly random legal moves."""
+    rng = random.Random(seed)
+    opponent = make_opponent("random", seed=seed)
+    pairs = []
+    for _ in range(games):
+        game = make(env_name)
+        game.reset(rng.randrange(2**31))
+        done = False
+        while not done:
+            prompt = game.observation(game.current_player)
+            action = opponent.act(game)
+            pairs.append((prompt, action))
+            done = game.step(action).terminated
+    return pairs
+
+
+def warm_up(model, tokenizer, pairs: list[tuple[str, str]], cfg: TinyModelConfig) -> list[float]:
+    """Supervised warm-up on (prompt, answer) pairs: the loss falls on answer tokens (and EOS) only."""
+    rng = random.Random(cfg.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.warmup_lr)
+    model.train()
+    losses = []
+    for step in range(cfg.warmup_steps):
+        batch = rng.sample(pairs, cfg.warmup_batch)
+        input_ids, answer_mask = _encode_pairs(tokenizer, batch)
+        logits = model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long()).logits
+        loss, _ = sft_loss(logits, input_ids, answer_mask)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if step % 100 == 0:
+            log.info("warm-up step %d/%d loss %.3f", step, cfg.warmup_steps, loss.item())
+    model.eval()
+    return losses
+
+
+def _encode_pairs(tokenizer, pairs):
+    rows, masks = [], []
+    for prompt, answer in pairs:
+        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(p + a)
+        masks.append([0] * len(p) + [1] * len(a))
+    width = max(map(len, rows))
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    answer_mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.bool)
+    return input_ids, answer_mask
+
+
+def ensure_base_model(cache_dir: str | Path, cfg: TinyModelConfig = TinyModelConfig()) -> Path:
+    """The directory of the tiny base model for ``cfg``: made and warmed up once, then reused."""
+    path = Path(cache_dir).expanduser() / f"tiny-{cfg.warmup_env}-{cfg.fingerprint()}"
+    if (path / "config.json").exists():
+        return path
+    log.info("making the tiny base model in %s (a one-time warm-up)", path)
+    torch.manual_seed(cfg.seed)
+    pairs = random_play_transcripts(cfg.warmup_env, cfg.warmup_games, cfg.seed)
+    tokenizer = make_tokenizer([text for pair in pairs for text in pair], cfg.vocab_size)
+    model = make_model(tokenizer, cfg)
+    warm_up(model, tokenizer, pairs, cfg)
+    tmp = path.with_name(path.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "tidal_base_model.json").write_text(json.dumps(asdict(cfg), indent=2))
+    tmp.rename(path)
+    return path

@@ -1,0 +1,60 @@
+"""The ``tidal`` command. Only this entry point knows Hydra; components get plain dataclasses."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def load_config(overrides: list[str], name: str = "launch") -> dict:
+    """Compose ``configs/<name>.yaml`` with Hydra overrides; a bad override fails with Hydra's message."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name=name, overrides=overrides)
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tidal", description="Asynchronous RL for language-model agents.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    launch = commands.add_parser("launch", help="run a job (default: self-play TicTacToe on an embedded Ray)")
+    launch.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. run.minutes=2 rollout.count=2")
+    show = commands.add_parser("config", help="print the composed config")
+    show.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = load_config(args.overrides)
+    except Exception as error:  # Hydra's errors name the bad key or value
+        print(f"tidal: bad config: {error}", file=sys.stderr)
+        return 2
+    if args.command == "config":
+        print(json.dumps(cfg, indent=2))
+        return 0
+    from actors.launcher import launch as run_launch
+
+    summary = run_launch(cfg)
+    print_summary(summary)
+    return 130 if summary["interrupted"] else 0
+
+
+def print_summary(summary: dict) -> None:
+    def fmt(x):
+        return "-" if x is None else f"{x:.3f}"
+
+    print(f"\nrun directory: {summary['run_dir']}")
+    print(f"policy version {summary['final_version']} after {summary['episodes']} episodes "
+          f"in {summary['minutes']:.1f} min ({fmt(summary['episodes_per_s'])} episodes/s)")
+    print(f"non-loss vs random: start {fmt(summary['start_nonloss'])}  final {fmt(summary['final_nonloss'])}")
+    print(f"metrics: {summary['run_dir']}/metrics.jsonl   curve: {summary['run_dir']}/learning_curve.png")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""EnvActor: runs many live episodes, each a trio task, and asks rollout actors for the policy's moves.
+
+Training episodes seat the policy in every seat (mirror self-play) and go to the reward actor when they
+end. Evaluation episodes seat the policy against a fixed opponent in each seat in turn; their results are
+kept in ``statistics()["evaluations"]`` and never trained on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import trio
+
+from actors.endpoints import Inbox, Outbox
+from actors.evaluation import EvaluationTally
+from envs.registry import make, make_opponent
+from streams.messages import Completion, GenerationRequest
+from streams.schema import Columns, encode_table, trajectory_table
+from streams.wire import Kind
+
+log = logging.getLogger(__name__)
+POLICY = "policy"
+
+
+@dataclass
+class EnvConfig:
+    tokenizer_path: str
+    env_name: str = "tictactoe"
+    policy_id: str = "main"
+    concurrency: int = 64  # live training episodes
+    temperature: float = 1.0
+    max_new_tokens: int = 8
+    invalid_penalty: float = -1.0
+    seed: int = 0
+
+
+class EnvActor:
+    def __init__(self, cfg: EnvConfig, name: str = "env"):
+        self.cfg, self.name = cfg, name
+        self._ids = itertools.count()
+        self._rng = random.Random(cfg.seed)
+        self._waiting: dict[int, tuple[trio.Event, list]] = {}
+        self._evaluations: dict[str, EvaluationTally] = {}
+        self._stats = {"episodes": 0, "turns": 0, "invalid_actions": 0, "errored": 0, "truncated_actions": 0}
+        self._return_sums = [0.0] * make(cfg.env_name).num_players
+        self._nursery = None
+
+    async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, self.cfg.tokenizer_path)
+        self._training_on = trio.Event()  # set while training episodes may start
+        async with (
+            transport.open_receiver(capacity=1024) as completions,
+            transport.open_sender(peers["rollout"], capacity=1024) as rollout,
+            transport.open_sender(peers["reward"], capacity=16) as reward,
+            trio.open_nursery() as nursery,
+        ):
+            self._reply_to = completions.address
+            self._requests = Outbox(rollout, Kind.GENERATE, self.name)
+            self._episodes = Outbox(reward, Kind.EPISODES, self.name)
+            self._completions = Inbox(completions, Kind.COMPLETION, Completion.from_body)
+            self._nursery = nursery
+            nursery.start_soon(self._route_completions)
+            nursery.start_soon(self._train)
+            task_status.started({"completions": completions.address})
+
+    # -- control (called on the actor's loop) ---------------------------------------------------------
+
+    def set_training(self, on: bool) -> None:
+        """Start or stop starting new training episodes (episodes in flight finish)."""
+        if on:
+            self._training_on.set()
+        else:
+            self._training_on = trio.Event()
+
+    def evaluate(self, tag: str, games_per_seat: int, opponent: str = "random") -> None:
+        """Play ``games_per_seat`` games in each seat against ``opponent``; results under ``tag``."""
+        tally = self._evaluations[tag] = EvaluationTally(tag, opponent, games_per_seat)
+        players = len(self._return_sums)
+        seats_list = []
+        for seat in range(players):
+            seats_list += [[POLICY if s == seat else opponent for s in range(players)]] * games_per_seat
+        self._nursery.start_soon(self._evaluate, tally, seats_list)
+
+    def statistics(self) -> dict:
+        episodes = max(self._stats["episodes"], 1)
+        return {
+            **self._stats,
+            "live_episodes": len(self._waiting),
+            **{f"mean_return_seat{seat}": total / episodes for seat, total in enumerate(self._return_sums)},
+            "dropped_frames": self._completions.statistics()["dropped_frames"] if self._nursery else 0,
+            "evaluations": [t.summary() for t in self._evaluations.values()],
+        }
+
+    # -- episodes --------------------------------------------------------------------------------------
+
+    async def _train(self) -> None:
+        slots = trio.Semaphore(self.cfg.concurrency)
+        async with trio.open_nursery() as nursery:
+            while True:
+                await self._training_on.wait()
+                await slots.acquire()
+                nursery.start_soon(self._train_one, slots)
+
+    async def _train_one(self, slots: trio.Semaphore) -> None:
+        try:
+            rows, _ = await self._play([POLICY, POLICY], self._rng.randrange(2**31))
+            if rows:
+                await self._episodes.send(encode_table(trajectory_table(rows)))
+        finally:
+            slots.release()
+
+    async def _evaluate(self, tally: EvaluationTally, seats_list: list[list[str]]) -> None:
+        limit = trio.CapacityLimiter(self.cfg.concurrency)
+
+        async def one(seats):
+            async with limit:
+                rows, returns = await self._play(seats, self._rng.randrange(2**31))
+                tally.add(seats.index(POLICY), returns, rows)
+
+        async with trio.open_nursery() as nursery:
+            for seats in seats_list:
+                nursery.start_soon(one, seats)
+        tally.finish()
+
+    async def _play(self, seats: list[str], seed: int) -> tuple[list[dict], list[float]]:
+        """One episode; returns the policy's agent-turn rows and every seat's return."""
+        game = make(self.cfg.env_name, invalid_penalty=self.cfg.invalid_penalty)
+        game.reset(seed)
+        opponents = {s: make_opponent(name, seed=seed + s) for s, name in enumerate(seats) if name != POLICY}
+        episode_id, created = f"{self.name}-{next(self._ids)}", time.time()
+        rows, returns = [], [0.0] * game.num_players
+        for turn in itertools.count():
+            seat = game.current_player
+            if seat in opponents:
+                text = opponents[seat].act(game)
+            else:
+                row = await self._policy_turn(game.observation(seat), episode_id, seed, turn, seat, created)
+                rows.append(row)
+                text = row[Columns.ACTION_TEXT]
+            try:
+                result = game.step(text)
+            except Exception:
+                log.exception("environment %s raised in episode %s; the episode is dropped", game.name, episode_id)
+                self._stats["errored"] += 1
+                return [], returns
+            returns = [r + d for r, d in zip(returns, result.rewards)]
+            if seat not in opponents:
+                rows[-1][Columns.INVALID_ACTION] = result.invalid
+                self._stats["invalid_actions"] += result.invalid
+            if result.terminated or result.truncated:
+                break
+        self._finish(rows, returns, result)
+        return rows, returns
+
+    async def _policy_turn(self, prompt: str, episode_id, seed, turn, seat, created) -> dict:
+        prompt_ids = self.tokenizer(prompt)["input_ids"]
+        completion = await self._generate(prompt_ids)
+        self._stats["turns"] += 1
+        self._stats["truncated_actions"] += not completion.finished
+        return {
+            Columns.EPISODE_ID: episode_id, Columns.ENV_NAME: self.cfg.env_name, Columns.SEED: seed,
+            Columns.TURN: turn, Columns.AGENT: seat, Columns.POLICY_ID: self.cfg.policy_id,
+            Columns.PROMPT_IDS: prompt_ids, Columns.ACTION_IDS: completion.token_ids,
+            Columns.ACTION_TEXT: self.tokenizer.decode(completion.token_ids, skip_special_tokens=True),
+            Columns.BEHAVIOUR_LOGPROBS: completion.logprobs, Columns.POLICY_VERSIONS: completion.versions,
+            Columns.REWARD: 0.0, Columns.TERMINATED: False, Columns.TRUNCATED: False,
+            Columns.EPISODE_RETURN: 0.0, Columns.INVALID_ACTION: False,
+            Columns.CREATED_AT: created, Columns.GENERATED_AT: time.time(), Columns.SCORED_AT: 0.0,
+        }
+
+    def _finish(self, rows: list[dict], returns: list[float], result) -> None:
+        """Credit each seat's return to its last turn and mark how the episode ended."""
+        last_of_seat = {row[Columns.AGENT]: row for row in rows}
+        for row in rows:
+            row[Columns.EPISODE_RETURN] = returns[row[Columns.AGENT]]
+        for seat, row in last_of_seat.items():
+            row[Columns.REWARD] = returns[seat]
+            row[Columns.TERMINATED], row[Columns.TRUNCATED] = result.terminated, result.truncated
+        self._stats["episodes"] += 1
+        self._return_sums = [total + r for total, r in zip(self._return_sums, returns)]
+
+    async def _generate(self, prompt_ids: list[int]) -> Completion:
+        request_id = next(self._ids)
+        done, slot = trio.Event(), []
+        self._waiting[request_id] = (done, slot)
+        request = GenerationRequest(request_id, self._reply_to, self.cfg.policy_id, prompt_ids,
+                                    self.cfg.temperature, self.cfg.max_new_tokens)
+        try:
+            await self._requests.send(request.to_body())
+            await done.wait()
+        finally:
+            self._waiting.pop(request_id, None)
+        return slot[0]
+
+    async def _route_completions(self) -> None:
+        while True:
+            completion = await self._completions.receive()
+            waiter = self._waiting.get(completion.request_id)
+            if waiter is None:
+                log.warning("completion for unknown request %d dropped", completion.request_id)
+                continue
+            waiter[1].append(completion)
+            waiter[0].set()

@@ -1,0 +1,37 @@
+"""Evaluation results: games of the policy against a fixed opponent, counted per seat."""
+
+from __future__ import annotations
+
+from streams.schema import Columns
+
+
+class EvaluationTally:
+    def __init__(self, tag: str, opponent: str, games_per_seat: int):
+        self.tag, self.opponent, self.games_per_seat = tag, opponent, games_per_seat
+        self.per_seat: dict[int, dict[str, int]] = {}
+        self.versions: list[int] = []
+        self.done = False
+
+    def add(self, seat: int, returns: list[float], rows: list[dict]) -> None:
+        counts = self.per_seat.setdefault(seat, {"games": 0, "wins": 0, "draws": 0, "losses": 0, "invalid": 0})
+        counts["games"] += 1
+        mine, best_other = returns[seat], max(r for s, r in enumerate(returns) if s != seat)
+        counts["wins" if mine > best_other else "losses" if mine < best_other else "draws"] += 1
+        counts["invalid"] += any(row[Columns.INVALID_ACTION] for row in rows)
+        self.versions += [v for row in rows for v in row[Columns.POLICY_VERSIONS]]
+
+    def finish(self) -> None:
+        self.done = True
+
+    def summary(self) -> dict:
+        seats = {seat: dict(c) for seat, c in sorted(self.per_seat.items())}
+        nonloss = [1 - c["losses"] / c["games"] for c in seats.values() if c["games"]]
+        return {
+            "tag": self.tag,
+            "opponent": self.opponent,
+            "done": self.done,
+            "seats": seats,
+            "nonloss": sum(nonloss) / len(nonloss) if nonloss else None,  # mean over seats
+            "version_min": min(self.versions, default=None),
+            "version_max": max(self.versions, default=None),
+        }

@@ -1,0 +1,118 @@
+"""The launcher: reads the run config, starts every actor and wires the whole topology in one function.
+
+On one machine it starts an embedded Ray cluster; with ``ray.address`` it attaches to a running one. Each
+actor is a plain class; here, and only here, it is wrapped with ``ray.remote``. In local mode the same
+actors run on one trio loop in this process instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from actors.env import EnvActor, EnvConfig
+from actors.host import ActorHost, LocalCluster
+from actors.learner import LearnerActor, LearnerConfig
+from actors.replay import ReplayActor, ReplayConfig
+from actors.reward import RewardActor, RewardConfig
+from actors.rollout import RolloutActor, RolloutConfig
+
+log = logging.getLogger(__name__)
+
+
+class RayCluster:
+    """Actors as Ray actors (one process each), their streams on ZeroMQ."""
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, host: str = "127.0.0.1"):
+        import ray
+
+        self.ray = ray
+        self.host = host
+        self.owns_ray = not ray.is_initialized()
+        if self.owns_ray:
+            kwargs = {"num_cpus": num_cpus} if address is None else {"address": address}
+            ray.init(include_dashboard=False, logging_level=logging.WARNING, **kwargs)
+        self.handles: dict[str, object] = {}
+        # num_cpus=0: actors share the machine's cores; Ray only places and supervises them.
+        self._remote_host = ray.remote(num_cpus=0, max_concurrency=4)(ActorHost)
+
+    def spawn(self, name: str, actor_cls, cfg, peers: dict) -> dict:
+        handle = self._remote_host.options(name=name).remote(actor_cls, cfg, name, self.host)
+        self.handles[name] = handle
+        return self.ray.get(handle.start.remote(peers))
+
+    def call(self, name: str, method: str, *args):
+        return self.ray.get(self.handles[name].call.remote(method, *args))
+
+    def statistics(self, name: str) -> dict:
+        return self.ray.get(self.handles[name].statistics.remote())
+
+    def shutdown(self) -> None:
+        stops = [handle.stop.remote() for handle in self.handles.values()]
+        try:
+            self.ray.get(stops, timeout=30)
+        except Exception as error:  # an actor that already died cannot stop; say so and go on
+            log.warning("not every actor stopped cleanly: %s", error)
+        for handle in self.handles.values():
+            self.ray.kill(handle)
+        if self.owns_ray:
+            self.ray.shutdown()
+
+
+@dataclass
+class Topology:
+    learner: str = "learner"
+    replay: str = "replay"
+    reward: str = "reward"
+    rollouts: list[str] = field(default_factory=list)
+    envs: list[str] = field(default_factory=list)
+
+    def names(self) -> list[str]:
+        return [self.learner, self.replay, self.reward, *self.rollouts, *self.envs]
+
+
+def build_topology(cluster, cfg: dict, model_path: str | Path, run_dir: Path) -> Topology:
+    """Start and connect every actor of a run: the whole data-flow graph, in one place.
+
+    episodes: env -> reward -> replay -> learner;  weights: learner -> rollout;
+    generation: env -> rollout (requests) and rollout -> env (completions, to the address in the request).
+    """
+    model_path, top = str(model_path), Topology()
+    sampling = cfg["sampling"]
+    learner = cluster.spawn(top.learner, LearnerActor, LearnerConfig(
+        model_path=model_path, temperature=sampling["temperature"], save_dir=str(run_dir / "policy"),
+        seed=cfg["run"]["seed"], **cfg["learner"]["args"]), peers={})
+    replay = cluster.spawn(top.replay, ReplayActor, ReplayConfig(**cfg["replay"]["args"]),
+                           peers={"learner": [learner["batches"]]})
+    reward = cluster.spawn(top.reward, RewardActor, RewardConfig(**cfg["reward"]["args"]),
+                           peers={"replay": [replay["episodes"]]})
+    rollout_addresses = []
+    for i in range(cfg["rollout"]["count"]):
+        top.rollouts.append(f"rollout-{i}")
+        rollout = cluster.spawn(top.rollouts[-1], RolloutActor, RolloutConfig(
+            model_path=model_path, seed=cfg["run"]["seed"] + i, **cfg["rollout"]["args"]),
+            peers={"weights": [learner["weights"]]})
+        rollout_addresses.append(rollout["requests"])
+    for i in range(cfg["env"]["count"]):
+        top.envs.append(f"env-{i}")
+        cluster.spawn(top.envs[-1], EnvActor, EnvConfig(
+            tokenizer_path=model_path, temperature=sampling["temperature"],
+            max_new_tokens=sampling["max_new_tokens"], seed=cfg["run"]["seed"] * 1000 + i, **cfg["env"]["args"]),
+            peers={"rollout": rollout_addresses, "reward": [reward["episodes"]]})
+    return top
+
+
+def open_cluster(cfg: dict):
+    if cfg["run"]["mode"] == "local":
+        return LocalCluster(transport=cfg["run"].get("local_transport", "memory"))
+    if cfg["run"]["mode"] != "ray":
+        raise ValueError(f"run.mode must be 'ray' or 'local', not {cfg['run']['mode']!r}")
+    return RayCluster(address=cfg["ray"]["address"], num_cpus=cfg["ray"]["num_cpus"], host=cfg["ray"]["host"])
+
+
+def launch(cfg: dict) -> dict:
+    """Run the job ``cfg`` describes; returns (and writes) its summary. Ctrl-C ends it cleanly."""
+    from actors.run import Run
+
+    return Run(cfg).execute()

@@ -1,0 +1,113 @@
+"""Watching a run: metrics from every actor, evaluations, a progress bar, the summary and the plot."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class Evaluation:
+    """One evaluation round, split across the env actors, collected when every share is done."""
+
+    def __init__(self, cluster, envs: list[str], tag: str, games_per_seat: int, opponent: str):
+        self.cluster, self.envs, self.tag, self.opponent = cluster, envs, tag, opponent
+        shares = [games_per_seat // len(envs) + (i < games_per_seat % len(envs)) for i in range(len(envs))]
+        self.started = time.time()
+        for env, share in zip(envs, shares):
+            if share:
+                cluster.call(env, "evaluate", tag, share, opponent)
+        self.envs = [env for env, share in zip(envs, shares) if share]
+
+    def result(self, env_stats: dict[str, dict]) -> dict | None:
+        """The merged result once every env actor has finished its share, else None."""
+        parts = [next((e for e in env_stats[env]["evaluations"] if e["tag"] == self.tag), None) for env in self.envs]
+        if any(p is None or not p["done"] for p in parts):
+            return None
+        seats: dict[str, dict[str, int]] = {}
+        for part in parts:
+            for seat, counts in part["seats"].items():
+                total = seats.setdefault(str(seat), dict.fromkeys(counts, 0))
+                for key, value in counts.items():
+                    total[key] += value
+        nonloss = {seat: 1 - c["losses"] / c["games"] for seat, c in seats.items()}
+        versions = [v for p in parts for v in (p["version_min"], p["version_max"]) if v is not None]
+        return {
+            "tag": self.tag, "opponent": self.opponent, "seats": seats,
+            "nonloss_by_seat": nonloss, "nonloss": sum(nonloss.values()) / len(nonloss),
+            "invalid_rate": sum(c["invalid"] for c in seats.values()) / sum(c["games"] for c in seats.values()),
+            "version_min": min(versions, default=None), "version_max": max(versions, default=None),
+            "seconds": time.time() - self.started,
+        }
+
+
+class MetricsLog:
+    """Appends one JSON line per snapshot to ``metrics.jsonl`` and derives rates between snapshots."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / "metrics.jsonl"
+        self.started = time.time()
+        self._last: tuple[float, dict] | None = None
+        self.rows: list[dict] = []
+
+    def snapshot(self, stats: dict[str, dict], evaluation: dict | None = None) -> dict:
+        now = time.time()
+        learner = stats["learner"]
+        envs = [s for name, s in stats.items() if name.startswith("env")]
+        rollouts = [s for name, s in stats.items() if name.startswith("rollout")]
+        totals = {
+            "episodes": sum(s["episodes"] for s in envs),
+            "turns": sum(s["turns"] for s in envs),
+            "invalid_actions": sum(s["invalid_actions"] for s in envs),
+            "tokens": sum(s["tokens"] for s in rollouts),
+        }
+        row = {"time": now, "elapsed_s": now - self.started, "version": learner["version"], **totals,
+               "trained_episodes": learner["episodes"], "learner_train_s": learner["train_s"],
+               "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values())}
+        if self._last is not None:
+            then, before = self._last
+            dt = max(now - then, 1e-9)
+            row["episodes_per_s"] = (totals["episodes"] - before["episodes"]) / dt
+            row["tokens_per_s"] = (totals["tokens"] - before["tokens"]) / dt
+            turns = totals["turns"] - before["turns"]
+            row["invalid_rate"] = (totals["invalid_actions"] - before["invalid_actions"]) / turns if turns else None
+        for key in ("staleness_mean", "staleness_max", "pg_loss", "clip_fraction", "approx_kl", "logprob_gap"):
+            if key in learner.get("last", {}):
+                row[key] = learner["last"][key]
+        if evaluation is not None:
+            row["evaluation"] = evaluation
+        self._last = (now, totals)
+        self.rows.append(row)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        return row
+
+
+def plot_learning_curve(evaluations: list[dict], rows: list[dict], path: Path, opponent: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    minutes = [e["minute"] for e in evaluations]
+    ax1.plot(minutes, [e["nonloss"] for e in evaluations], "o-", label="non-loss, mean of seats")
+    for seat in sorted({s for e in evaluations for s in e["nonloss_by_seat"]}):
+        ax1.plot(minutes, [e["nonloss_by_seat"].get(seat) for e in evaluations], ".--", label=f"seat {seat}")
+    ax1.set(xlabel="minutes", ylabel=f"rate vs {opponent}", ylim=(0, 1.02), title="evaluation")
+    ax1.legend(loc="lower right")
+    ax1.grid(alpha=0.3)
+    trained = [r for r in rows if r.get("invalid_rate") is not None]
+    ax2.plot([r["elapsed_s"] / 60 for r in trained], [r["invalid_rate"] for r in trained], label="invalid-action rate")
+    ax2.set(xlabel="minutes", ylabel="rate", ylim=(0, 1.02), title="training episodes")
+    ax2.grid(alpha=0.3)
+    ax3 = ax2.twinx()
+    ax3.plot([r["elapsed_s"] / 60 for r in rows], [r["version"] for r in rows], color="gray", label="policy version")
+    ax3.set_ylabel("policy version")
+    fig.legend(loc="upper center", ncol=3, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,62 @@
+"""RewardActor: scores finished episodes, then hands them to replay.
+
+Game outcomes are already rewards, so the default scorer passes them through; verifiers and judges plug in
+here as scorers: functions from an episode table to an episode table with ``reward`` and
+``episode_return`` filled in.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+import trio
+
+from actors.endpoints import Inbox, Outbox
+from streams.schema import Columns, decode_table, encode_table
+from streams.wire import Kind
+
+
+def game_outcome(episode: pa.Table) -> pa.Table:
+    """Games score themselves: keep the rewards the environment gave."""
+    return episode
+
+
+SCORERS: dict[str, Callable[[pa.Table], pa.Table]] = {"game_outcome": game_outcome}
+
+
+@dataclass
+class RewardConfig:
+    scorer: str = "game_outcome"
+
+
+class RewardActor:
+    def __init__(self, cfg: RewardConfig, name: str = "reward"):
+        if cfg.scorer not in SCORERS:
+            raise ValueError(f"unknown scorer {cfg.scorer!r}; known: {', '.join(sorted(SCORERS))}")
+        self.cfg, self.name, self.score = cfg, name, SCORERS[cfg.scorer]
+        self._stats = {"episodes": 0, "rows": 0}
+        self._inbox = None
+
+    async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with (
+            transport.open_receiver(capacity=16) as episodes,
+            transport.open_sender(peers["replay"], capacity=16) as replay,
+        ):
+            self._inbox = Inbox(episodes, Kind.EPISODES, decode_table)
+            outbox = Outbox(replay, Kind.EPISODES, self.name)
+            task_status.started({"episodes": episodes.address})
+            while True:
+                episode = self.score(await self._inbox.receive())
+                scored = episode.set_column(
+                    episode.schema.get_field_index(Columns.SCORED_AT), Columns.SCORED_AT,
+                    pa.array([time.time()] * episode.num_rows, pa.float64()))
+                await outbox.send(encode_table(scored))
+                self._stats["episodes"] += 1
+                self._stats["rows"] += scored.num_rows
+
+    def statistics(self) -> dict:
+        dropped = self._inbox.statistics()["dropped_frames"] if self._inbox else 0
+        return {**self._stats, "dropped_frames": dropped}

@@ -1,0 +1,127 @@
+"""RolloutActor: owns a generation engine and a policy version; answers generation requests.
+
+Requests from every env actor queue up; the actor takes as many as are waiting (up to ``max_batch``),
+samples them in one batch in a worker thread, and sends each completion to the address named in its
+request. New weights arrive on a subscription and are applied between batches, so every token of a batch
+carries the version that produced it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import torch
+import trio
+
+from actors.endpoints import Inbox, Outbox
+from actors.sampling import sample
+from actors.weights import load_weights
+from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest, Weights
+from streams.wire import Kind
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutConfig:
+    model_path: str
+    policy_id: str = "main"
+    backend: str = "hf"
+    max_batch: int = 256
+    threads: int = 1
+    seed: int = 0
+
+
+class RolloutActor:
+    def __init__(self, cfg: RolloutConfig, name: str = "rollout"):
+        if cfg.backend != "hf":
+            raise ValueError(f"rollout backend {cfg.backend!r} is not available; this build has 'hf'")
+        self.cfg, self.name = cfg, name
+        self.version = 0
+        self._latest_weights: Weights | None = None
+        self._stats = {"requests": 0, "tokens": 0, "batches": 0, "generate_s": 0.0, "weights_applied": 0}
+        self._inbox = None
+
+    async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        model, tokenizer = await trio.to_thread.run_sync(self._load)
+        queue_in, queue_out = trio.open_memory_channel(4 * self.cfg.max_batch)
+        topic = WEIGHTS_TOPIC + self.cfg.policy_id.encode()
+        async with (
+            transport.open_receiver(capacity=1024) as requests,
+            transport.open_subscriber(peers.get("weights", []), topics=[topic]) as weights,
+            trio.open_nursery() as nursery,
+        ):
+            self._inbox = Inbox(requests, Kind.GENERATE, GenerationRequest.from_body)
+            nursery.start_soon(self._queue_requests, queue_in)
+            nursery.start_soon(self._follow_weights, Inbox(weights, Kind.WEIGHTS, Weights.from_body, topic=True))
+            nursery.start_soon(self._serve, queue_out, model, tokenizer, transport)
+            task_status.started({"requests": requests.address})
+
+    def _load(self):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(self.cfg.threads)
+        model = AutoModelForCausalLM.from_pretrained(self.cfg.model_path).eval()
+        return model, AutoTokenizer.from_pretrained(self.cfg.model_path)
+
+    async def _queue_requests(self, queue_in) -> None:
+        while True:
+            await queue_in.send(await self._inbox.receive())
+
+    async def _follow_weights(self, inbox: Inbox) -> None:
+        while True:
+            weights = await inbox.receive()
+            if weights.version > self.version:
+                self._latest_weights = weights
+
+    async def _serve(self, queue_out, model, tokenizer, transport) -> None:
+        async with AsyncExitStack() as stack:
+            await self._serve_batches(queue_out, model, tokenizer, transport, stack)
+
+    async def _serve_batches(self, queue_out, model, tokenizer, transport, stack: AsyncExitStack) -> None:
+        replies: dict[str, Outbox] = {}  # one sender per env actor, opened on its first request
+        generator = torch.Generator().manual_seed(self.cfg.seed)
+        while True:
+            batch = [await queue_out.receive()]
+            while len(batch) < self.cfg.max_batch:
+                try:
+                    batch.append(queue_out.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            if self._latest_weights is not None:
+                weights, self._latest_weights = self._latest_weights, None
+                await trio.to_thread.run_sync(load_weights, model, weights.tensors)
+                self.version = weights.version
+                self._stats["weights_applied"] += 1
+            for completion, request in await self._generate(model, tokenizer, batch, generator):
+                if request.reply_to not in replies:
+                    sender = await stack.enter_async_context(transport.open_sender([request.reply_to], capacity=1024))
+                    replies[request.reply_to] = Outbox(sender, Kind.COMPLETION, self.name)
+                await replies[request.reply_to].send(completion.to_body())
+
+    async def _generate(self, model, tokenizer, batch: list[GenerationRequest], generator):
+        """Sample every request of the batch; requests with the same sampling settings share one pass."""
+        groups: dict[tuple, list[GenerationRequest]] = {}
+        for request in batch:
+            groups.setdefault((request.temperature, request.max_tokens), []).append(request)
+        results, version, started = [], self.version, time.perf_counter()
+        for (temperature, max_tokens), requests in groups.items():
+            samples = await trio.to_thread.run_sync(lambda: sample(
+                model, [r.prompt_ids for r in requests], eos_id=tokenizer.eos_token_id,
+                pad_id=tokenizer.pad_token_id, temperature=temperature, max_new_tokens=max_tokens,
+                generator=generator))
+            for request, s in zip(requests, samples):
+                completion = Completion(request.request_id, s.tokens, s.logprobs, [version] * len(s.tokens), s.finished)
+                results.append((completion, request))
+                self._stats["tokens"] += len(s.tokens)
+        self._stats["generate_s"] += time.perf_counter() - started
+        self._stats["requests"] += len(batch)
+        self._stats["batches"] += 1
+        return results
+
+    def statistics(self) -> dict:
+        inbox = self._inbox.statistics() if self._inbox else {}
+        return {**self._stats, "version": self.version, "dropped_frames": inbox.get("dropped_frames", 0)}

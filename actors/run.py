@@ -1,0 +1,128 @@
+"""One training run from start to summary: base model, topology, evaluations, metrics, plot."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime
+from pathlib import Path
+
+from actors.base_model import TinyModelConfig, ensure_base_model
+from actors.monitor import Evaluation, MetricsLog, plot_learning_curve
+
+log = logging.getLogger(__name__)
+
+
+class Run:
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        run = cfg["run"]
+        name = run["name"] or datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.dir = Path(run["dir"]).expanduser() / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.json").write_text(json.dumps(cfg, indent=2))
+        self.evaluations: list[dict] = []
+        self.started = None
+
+    def model_path(self) -> Path:
+        model = self.cfg["model"]
+        if model["path"]:
+            path = Path(model["path"]).expanduser()
+            if not (path / "config.json").exists():
+                raise FileNotFoundError(f"model.path={path} is not a Hugging Face model directory (no config.json)")
+            return path
+        return ensure_base_model(model["cache_dir"], TinyModelConfig(**model["tiny"]))
+
+    def execute(self) -> dict:
+        from actors.launcher import build_topology, open_cluster
+
+        model_path = self.model_path()
+        cluster = open_cluster(self.cfg)
+        interrupted = False
+        try:
+            self.top = build_topology(cluster, self.cfg, model_path, self.dir)
+            self.cluster, self.metrics = cluster, MetricsLog(self.dir)
+            self._evaluate_now("start")
+            self.started = time.time()
+            for env in self.top.envs:
+                cluster.call(env, "set_training", True)
+            self._train()
+            for env in self.top.envs:
+                cluster.call(env, "set_training", False)
+            self._evaluate_now("final", self.cfg["eval"]["final_games_per_seat"])
+        except KeyboardInterrupt:
+            interrupted = True
+            log.warning("interrupted: stopping the run and writing what it measured")
+        finally:
+            cluster.shutdown()
+        return self._summarize(interrupted)
+
+    def _stats(self) -> dict[str, dict]:
+        return {name: self.cluster.statistics(name) for name in self.top.names()}
+
+    def _evaluate_now(self, tag: str, games: int | None = None) -> dict:
+        ev = self.cfg["eval"]
+        evaluation = Evaluation(self.cluster, self.top.envs, tag, games or ev["games_per_seat"], ev["opponent"])
+        while (result := evaluation.result(self._stats())) is None:
+            time.sleep(0.5)
+        return self._record(result)
+
+    def _record(self, result: dict) -> dict:
+        result["minute"] = (time.time() - self.started) / 60 if self.started else 0.0
+        self.evaluations.append(result)
+        self.metrics.snapshot(self._stats(), evaluation=result)
+        log.info("evaluation %s: non-loss %.3f vs %s (by seat %s), invalid %.3f", result["tag"], result["nonloss"],
+                 result["opponent"], {k: round(v, 3) for k, v in result["nonloss_by_seat"].items()},
+                 result["invalid_rate"])
+        return result
+
+    def _train(self) -> None:
+        from tqdm import tqdm
+
+        run, ev = self.cfg["run"], self.cfg["eval"]
+        budget = run["minutes"] * 60
+        bar = tqdm(total=round(budget), unit="s", disable=not run["progress"], dynamic_ncols=True)
+        pending, next_eval, rounds = None, self.started + ev["every_s"], 0
+        while (elapsed := time.time() - self.started) < budget:
+            time.sleep(min(run["log_every_s"], max(budget - elapsed, 0.05)))
+            stats = self._stats()
+            if pending is not None and (result := pending.result(stats)) is not None:
+                self._record(result)
+                pending = None
+            if pending is None and ev["every_s"] and time.time() >= next_eval:
+                rounds += 1
+                pending = Evaluation(self.cluster, self.top.envs, f"during-{rounds}", ev["games_per_seat"], ev["opponent"])
+                next_eval = time.time() + ev["every_s"]
+            row = self.metrics.snapshot(stats)
+            bar.update(min(round(time.time() - self.started), bar.total) - bar.n)
+            bar.set_postfix(self._postfix(row), refresh=True)
+            if run["max_versions"] and row["version"] >= run["max_versions"]:
+                break
+        bar.close()
+
+    def _postfix(self, row: dict) -> dict:
+        last = self.evaluations[-1]["nonloss"] if self.evaluations else None
+        return {"v": row["version"], "eps/s": f"{row.get('episodes_per_s', 0):.0f}",
+                "tok/s": f"{row.get('tokens_per_s', 0):.0f}", "nonloss": f"{last:.2f}" if last is not None else "-"}
+
+    def _summarize(self, interrupted: bool) -> dict:
+        rows = getattr(getattr(self, "metrics", None), "rows", [])
+        by_tag = {e["tag"]: e for e in self.evaluations}
+        start, final = by_tag.get("start"), by_tag.get("final")
+        rates = [r["episodes_per_s"] for r in rows if r.get("episodes_per_s")]
+        summary = {
+            "run_dir": str(self.dir),
+            "interrupted": interrupted,
+            "minutes": (time.time() - self.started) / 60 if self.started else 0.0,
+            "start_nonloss": start["nonloss"] if start else None,
+            "final_nonloss": final["nonloss"] if final else None,
+            "final_version": rows[-1]["version"] if rows else 0,
+            "episodes": rows[-1]["episodes"] if rows else 0,
+            "episodes_per_s": sum(rates) / len(rates) if rates else None,
+            "evaluations": self.evaluations,
+        }
+        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if self.evaluations:
+            plot_learning_curve(self.evaluations, rows, self.dir / "learning_curve.png", self.cfg["eval"]["opponent"])
+        return summary

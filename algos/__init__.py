@@ -1,0 +1,1 @@
+"""Pure functions over tensors: advantages, losses, off-policy corrections."""

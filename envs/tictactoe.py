@@ -1,0 +1,86 @@
+"""Two-player TicTacToe as text.
+
+The board shows a row a line, cells separated by ``|``: a free cell shows its number, 1 to 9 (left to right,
+top to bottom), a taken one ``X`` or ``O``. Move format: the number of a free cell in square brackets, e.g.
+``[5]``. Text around the brackets is ignored; the first bracketed digit counts. Free cells show their
+A move that names no cell, or a taken one, is
+invalid: the game ends, the mover gets ``invalid_penalty`` and the other seat 0.
+
+Rewards: +1 for a win, -1 for a loss, 0 for a draw. Seat 0 plays X and moves first.
+"""
+
+from __future__ import annotations
+
+import re
+
+from envs.base import StepResult
+
+MOVE_PATTERN = re.compile(r"\[\s*([1-9])\s*\]")
+LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+MARKS = ("X", "O")
+
+
+def parse_move(text: str) -> int | None:
+    """The cell index (0-8) a text names, or None when it names none."""
+    match = MOVE_PATTERN.search(text)
+    return int(match.group(1)) - 1 if match else None
+
+
+def format_move(cell: int) -> str:
+    return f"[{cell + 1}]"
+
+
+class TicTacToe:
+    name = "tictactoe"
+    num_players = 2
+
+    def __init__(self, invalid_penalty: float = -1.0):
+        self.invalid_penalty = invalid_penalty
+        self.board: list[int | None] = [None] * 9
+        self.moves = 0
+        self.done = False
+
+    def reset(self, seed: int = 0) -> None:
+        # The game has no chance elements; the seed is kept for the record only.
+        self.board = [None] * 9
+        self.moves = 0
+        self.done = False
+
+    @property
+    def current_player(self) -> int:
+        return self.moves % 2
+
+    def observation(self, player: int) -> str:
+        rows = [
+            "|".join(
+                MARKS[self.board[cell]] if self.board[cell] is not None else str(cell + 1)
+                for cell in range(r, r + 3)
+            )
+            for r in (0, 3, 6)
+        ]
+        return f"TicTacToe. You are {MARKS[player]}.\n" + "\n".join(rows) + "\nMove:"
+
+    def legal_actions(self) -> list[str]:
+        return [format_move(c) for c in range(9) if self.board[c] is None]
+
+    def step(self, action_text: str) -> StepResult:
+        if self.done:
+            raise RuntimeError("step() on a finished game; call reset() first")
+        player = self.current_player
+        cell = parse_move(action_text)
+        if cell is None or self.board[cell] is not None:
+            self.done = True
+            rewards = [0.0, 0.0]
+            rewards[player] = self.invalid_penalty
+            return StepResult(rewards, terminated=True, invalid=True)
+        self.board[cell] = player
+        self.moves += 1
+        if any(all(self.board[i] == player for i in line) for line in LINES):
+            self.done = True
+            rewards = [-1.0, -1.0]
+            rewards[player] = 1.0
+            return StepResult(rewards, terminated=True, info={"winner": player})
+        if self.moves == 9:
+            self.done = True
+            return StepResult([0.0, 0.0], terminated=True, info={"winner": None})
+        return StepResult([0.0, 0.0], terminated=False)

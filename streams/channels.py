@@ -1,0 +1,77 @@
+"""Channels: the four kinds of stream endpoint, and the two transports that make them.
+
+Every stream that carries data is lossless: `Sender.send` waits while its receivers are full, and nothing is
+dropped at a high-water mark. Only pub/sub (weights and versions, where the newest is what matters) may drop.
+
+    async with transport.open_receiver() as receiver, transport.open_sender([receiver.address]) as sender:
+        await sender.send(parts)
+        parts = await receiver.receive()
+
+`ZmqTransport` carries them over ZeroMQ TCP sockets; `MemoryTransport` over in-memory queues, for the
+in-process mode where every actor runs on one trio loop. Both `open_*` methods are async context managers.
+
+A received message is a list of parts: `bytes`, or a read-only `memoryview` (zero-copy) for a part of at
+least `wire.ZERO_COPY_BYTES`. `wire.decode_frame`, `wire.unpack` and `schema.decode_table` take either.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from streams.memory_channels import MemoryTransport
+from streams.zmq_channels import ZmqTransport
+
+__all__ = ["MemoryTransport", "Publisher", "Receiver", "Sender", "Subscriber", "ZmqTransport"]
+
+
+class Sender(Protocol):
+    """PUSH-like: round-robins messages across the receivers it is connected to."""
+
+    async def send(self, parts: list[bytes]) -> None:
+        """Send one message; waits while every receiver is full (backpressure)."""
+
+    def connect(self, address: str) -> None:
+        """Add a receiver; may be called at any time (elastic scaling)."""
+
+    def disconnect(self, address: str) -> None:
+        """Stop sending to a receiver (scale-down). Messages already queued for it may be lost."""
+
+    def statistics(self) -> dict:
+        """sent, bytes_sent, send_waits (sends that had to wait), wait_s."""
+
+
+class Receiver(Protocol):
+    """PULL-like: bound at `address`, fair-queued from all senders."""
+
+    address: str
+
+    async def receive(self) -> list[bytes]:
+        """The parts of the next message; waits for one."""
+
+    def statistics(self) -> dict:
+        """received, bytes_received."""
+
+
+class Publisher(Protocol):
+    """PUB-like: bound at `address`; never blocks."""
+
+    address: str
+
+    async def publish(self, topic: bytes, parts: list[bytes]) -> None:
+        """Deliver `[topic, *parts]` to every subscriber with a matching topic prefix; drop for a full one."""
+
+    def statistics(self) -> dict:
+        """published, bytes_published, and dropped where the transport can know (memory: yes, ZeroMQ: no)."""
+
+
+class Subscriber(Protocol):
+    """SUB-like: receives from every publisher it connects to, for its topic prefixes."""
+
+    async def receive(self) -> list[bytes]:
+        """`[topic, *parts]` of the next message."""
+
+    def connect(self, address: str) -> None:
+        """Add a publisher; may be called at any time."""
+
+    def statistics(self) -> dict:
+        """received, bytes_received."""

@@ -1,0 +1,138 @@
+"""The trajectory record: one row is one agent-turn; a batch holds whole episodes only.
+
+Column names are declared once, here (`Columns`), and the Arrow schema is built from one declaration
+(`FIELDS`). Batches travel as Arrow IPC streams; a receiver rejects a batch of another schema version.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+VERSION_KEY = b"tidal.schema_version"
+
+
+class Columns:
+    """Names of the trajectory columns. Use these, never string literals."""
+
+    EPISODE_ID = "episode_id"
+    ENV_NAME = "env_name"
+    SEED = "seed"
+    TURN = "turn"
+    AGENT = "agent"  # seat / role in the game
+    POLICY_ID = "policy_id"
+    PROMPT_IDS = "prompt_ids"
+    ACTION_IDS = "action_ids"
+    ACTION_TEXT = "action_text"
+    BEHAVIOUR_LOGPROBS = "behaviour_logprobs"  # one per action token, from the engine that sampled it
+    POLICY_VERSIONS = "policy_versions"  # one per action token
+    REWARD = "reward"  # this turn
+    TERMINATED = "terminated"
+    TRUNCATED = "truncated"
+    EPISODE_RETURN = "episode_return"  # per agent
+    INVALID_ACTION = "invalid_action"
+    CREATED_AT = "created_at"  # unix seconds
+    GENERATED_AT = "generated_at"
+    SCORED_AT = "scored_at"
+
+
+FIELDS: tuple[tuple[str, pa.DataType], ...] = (
+    (Columns.EPISODE_ID, pa.string()),
+    (Columns.ENV_NAME, pa.string()),
+    (Columns.SEED, pa.int64()),
+    (Columns.TURN, pa.int32()),
+    (Columns.AGENT, pa.int32()),
+    (Columns.POLICY_ID, pa.string()),
+    (Columns.PROMPT_IDS, pa.list_(pa.int32())),
+    (Columns.ACTION_IDS, pa.list_(pa.int32())),
+    (Columns.ACTION_TEXT, pa.string()),
+    (Columns.BEHAVIOUR_LOGPROBS, pa.list_(pa.float32())),
+    (Columns.POLICY_VERSIONS, pa.list_(pa.int32())),
+    (Columns.REWARD, pa.float32()),
+    (Columns.TERMINATED, pa.bool_()),
+    (Columns.TRUNCATED, pa.bool_()),
+    (Columns.EPISODE_RETURN, pa.float32()),
+    (Columns.INVALID_ACTION, pa.bool_()),
+    (Columns.CREATED_AT, pa.float64()),
+    (Columns.GENERATED_AT, pa.float64()),
+    (Columns.SCORED_AT, pa.float64()),
+)
+
+TRAJECTORY_SCHEMA = pa.schema(FIELDS, metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()})
+NAMES: tuple[str, ...] = tuple(name for name, _ in FIELDS)
+
+
+class SchemaError(ValueError):
+    """A trajectory batch that does not match TRAJECTORY_SCHEMA (or is not Arrow IPC at all)."""
+
+
+def trajectory_table(rows: list[dict]) -> pa.Table:
+    """Build a table with exactly TRAJECTORY_SCHEMA from rows keyed by `Columns`."""
+    expected = set(NAMES)
+    for index, row in enumerate(rows):
+        if row.keys() != expected:
+            raise SchemaError(f"trajectory row {index}: {_difference(set(row), expected)}")
+    try:
+        table = pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
+        raise SchemaError(f"trajectory rows do not fit the schema: {error}") from error
+    return table.replace_schema_metadata(TRAJECTORY_SCHEMA.metadata)
+
+
+def encode_table(table: pa.Table) -> bytes:
+    """Serialize a trajectory table as an Arrow IPC stream (checked against the schema first)."""
+    if table.schema.metadata and VERSION_KEY in table.schema.metadata:
+        _check_version(table.schema)
+    table = _conform(table)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_table(buf) -> pa.Table:
+    """Read an Arrow IPC stream without copying: the table's buffers point into `buf`.
+
+    `buf` is bytes, a memoryview, or anything else with the buffer protocol (a zmq.Frame).
+    """
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(buf))
+        _check_version(reader.schema)
+        table = reader.read_all()
+    except (pa.ArrowException, OSError, TypeError) as error:
+        raise SchemaError(f"not an Arrow IPC stream: {error}") from error
+    return _conform(table)
+
+
+def _check_version(schema: pa.Schema) -> None:
+    found = (schema.metadata or {}).get(VERSION_KEY)
+    if found is None:
+        raise SchemaError(f"trajectory schema version missing, expected {SCHEMA_VERSION}")
+    if found != str(SCHEMA_VERSION).encode():
+        shown = found.decode(errors="replace")
+        raise SchemaError(f"trajectory schema version {shown}, expected {SCHEMA_VERSION}")
+
+
+def _conform(table: pa.Table) -> pa.Table:
+    """The table with the schema's column order and metadata, or SchemaError naming what differs."""
+    got = {field.name: field.type for field in table.schema}
+    problems = [_difference(set(got), set(NAMES))] if set(got) != set(NAMES) else []
+    if len(got) != table.num_columns:
+        problems.append("duplicate column names")
+    problems += [
+        f"{name} is {got[name]}, expected {kind}"
+        for name, kind in FIELDS
+        if name in got and got[name] != kind
+    ]
+    if problems:
+        raise SchemaError("trajectory columns do not match the schema: " + "; ".join(problems))
+    return table.select(list(NAMES)).replace_schema_metadata(TRAJECTORY_SCHEMA.metadata)
+
+
+def _difference(got: set[str], expected: set[str]) -> str:
+    parts = []
+    if expected - got:
+        parts.append(f"missing columns {sorted(expected - got)}")
+    if got - expected:
+        parts.append(f"unknown columns {sorted(got - expected)}")
+    return ", ".join(parts)

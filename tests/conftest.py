@@ -1,0 +1,23 @@
+"""Shared fixtures: a tiny model directory made once per session, and one Ray instance per session."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.base_model import TinyModelConfig, ensure_base_model
+
+# A quick warm-up: enough to know the move format sometimes, not to play well. Tests check the plumbing.
+TEST_MODEL = TinyModelConfig(warmup_games=200, warmup_steps=30, warmup_batch=32)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return ensure_base_model(tmp_path_factory.mktemp("models"), TEST_MODEL)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield ray
+    ray.shutdown()
