@@ -93,6 +93,7 @@ class LearnerActor:
         self._totals["train_s"] += elapsed
         return {**stats, "version": self.version, "episodes": episodes, "train_s": elapsed,
                 "staleness_mean": float(staleness.mean()), "staleness_max": float(staleness.max()),
+                "token_version_max": int(token_versions.max()),
                 "time": time.time()}
 
     def _save(self, model, tokenizer) -> None:

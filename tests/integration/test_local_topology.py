@@ -1,0 +1,41 @@
+"""The in-process mode: every actor on one trio loop, with in-memory channels or real ZeroMQ sockets."""
+
+import time
+
+import pytest
+
+from actors.host import LocalCluster
+from actors.launcher import build_topology
+from tests.integration.topology import small_config
+
+
+def wait_for(predicate, what: str, timeout: float = 120.0):
+    """Poll ``predicate`` until it returns a truthy value (progress, not timing: the deadline is generous)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("transport", ["memory", "zmq"])
+def test_episodes_flow_and_rollouts_generate_with_new_weights(transport, tiny_model_dir, tmp_path):
+    cfg = small_config(tmp_path)
+    cluster = LocalCluster(transport=transport)
+    try:
+        top = build_topology(cluster, cfg, tiny_model_dir, tmp_path)
+        cluster.call(top.envs[0], "set_training", True)
+        wait_for(lambda: cluster.statistics("learner")["version"] >= 3, "three learner updates")
+        wait_for(lambda: cluster.statistics(top.rollouts[0])["version"] >= 2, "the rollout to load new weights")
+        learner = cluster.statistics("learner")
+        assert learner["episodes"] >= 3 * 8 and learner["tokens"] > 0
+        # tokens generated after an update carry the new version, and the learner trains on them
+        wait_for(lambda: cluster.statistics("learner")["last"]["token_version_max"] >= 1,
+                 "a batch generated with updated weights")
+        env = cluster.statistics(top.envs[0])
+        assert env["episodes"] >= learner["episodes"]
+        assert all(cluster.statistics(name)["dropped_frames"] == 0 for name in top.names())
+    finally:
+        cluster.shutdown()

@@ -1,0 +1,53 @@
+"""The real topology: every actor a Ray actor in its own process, streams over ZeroMQ sockets."""
+
+import pytest
+import zmq
+
+from actors.launcher import RayCluster, build_topology
+from streams.wire import FrameCounter, Kind
+from tests.integration.test_local_topology import wait_for
+from tests.integration.topology import small_config
+
+pytestmark = pytest.mark.ray
+
+
+def test_real_topology_learns_from_its_own_episodes(ray_session, tiny_model_dir, tmp_path):
+    cfg = small_config(tmp_path, **{"rollout.count": 2})
+    cluster = RayCluster()
+    try:
+        top = build_topology(cluster, cfg, tiny_model_dir, tmp_path)
+        cluster.call(top.envs[0], "set_training", True)
+        wait_for(lambda: cluster.statistics("learner")["version"] >= 3, "three learner updates")
+        for rollout in top.rollouts:
+            wait_for(lambda: cluster.statistics(rollout)["version"] >= 1, f"{rollout} to load published weights")
+        wait_for(lambda: cluster.statistics("learner")["last"]["token_version_max"] >= 1,
+                 "a batch generated with updated weights")
+        assert all(cluster.statistics(r)["requests"] > 0 for r in top.rollouts), "requests are spread over rollouts"
+        learner = cluster.statistics("learner")
+        assert learner["episodes"] >= 3 * 8 and cluster.statistics("replay")["episodes_in"] >= learner["episodes"]
+    finally:
+        cluster.shutdown()
+
+
+def test_malformed_frames_are_dropped_and_counted(ray_session, tiny_model_dir, tmp_path):
+    cfg = small_config(tmp_path)
+    cluster = RayCluster()
+    try:
+        from actors.launcher import RewardActor, RewardConfig
+
+        replay_inbox = zmq.Context.instance().socket(zmq.PULL)
+        port = replay_inbox.bind_to_random_port("tcp://127.0.0.1")
+        address = cluster.spawn("reward", RewardActor, RewardConfig(), peers={"replay": [f"tcp://127.0.0.1:{port}"]})
+        push = zmq.Context.instance().socket(zmq.PUSH)
+        push.connect(address["episodes"])
+        frames = FrameCounter("intruder")
+        push.send_multipart([b"not msgpack", b"x"])  # bad header
+        push.send_multipart(frames.frame(Kind.EPISODES, b"not arrow"))  # bad body
+        push.send_multipart(frames.frame(Kind.WEIGHTS, b""))  # wrong kind for this stream
+        push.send_multipart([b"one part only"])
+        wait_for(lambda: cluster.statistics("reward")["dropped_frames"] == 4, "four dropped frames")
+        assert cluster.statistics("reward")["episodes"] == 0  # and the actor still answers
+        push.close(0)
+        replay_inbox.close(0)
+    finally:
+        cluster.shutdown()
