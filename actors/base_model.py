@@ -32,6 +32,7 @@ class TinyModelConfig:
     heads: int = 4  # head_dim = hidden_size / heads must stay >= 32 (vLLM's CPU attention)
     intermediate_size: int = 256
     vocab_size: int = 320
+    tie_embeddings: bool = False  # separate input and output embeddings keep RL updates from disturbing the reading of the board
     max_positions: int = 256
     warmup_env: str = "tictactoe"
     warmup_games: int = 3000
@@ -79,7 +80,7 @@ def make_model(tokenizer, cfg: TinyModelConfig):
         num_attention_heads=cfg.heads,
         num_key_value_heads=cfg.heads,
         max_position_embeddings=cfg.max_positions,
-        tie_word_embeddings=True,
+        tie_word_embeddings=cfg.tie_embeddings,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,

@@ -1,7 +1,10 @@
 """EnvActor: runs many live episodes, each a trio task, and asks rollout actors for the policy's moves.
 
 Training episodes seat the policy in every seat (mirror self-play) and go to the reward actor when they
-end. Evaluation episodes seat the policy against a fixed opponent in each seat in turn; their results are
+end. Admission keeps them fresh (AReaL's rule): a new training episode starts only while the episodes
+started but not yet consumed by the learner number fewer than (max_staleness + v + 1) * batch_episodes,
+v being the learner's version, announced on its publisher. This actor's share of that allowance is
+``admission_share`` (1 / the number of env actors). Evaluation episodes seat the policy against a fixed opponent in each seat in turn; their results are
 kept in ``statistics()["evaluations"]`` and never trained on.
 """
 
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -18,7 +22,7 @@ import trio
 from actors.endpoints import Inbox, Outbox
 from actors.evaluation import EvaluationTally
 from envs.registry import make, make_opponent
-from streams.messages import Completion, GenerationRequest
+from streams.messages import VERSION_TOPIC, Completion, GenerationRequest, VersionAnnounced
 from streams.schema import Columns, encode_table, trajectory_table
 from streams.wire import Kind
 
@@ -35,6 +39,9 @@ class EnvConfig:
     temperature: float = 1.0
     max_new_tokens: int = 8
     invalid_penalty: float = -1.0
+    max_staleness: int = 2  # eta: how many versions behind the learner a started episode may fall
+    batch_episodes: int = 64  # the learner's batch size B, for admission
+    admission_share: float = 1.0  # this actor's share of the admission allowance
     seed: int = 0
 
 
@@ -45,7 +52,10 @@ class EnvActor:
         self._rng = random.Random(cfg.seed)
         self._waiting: dict[int, tuple[trio.Event, list]] = {}
         self._evaluations: dict[str, EvaluationTally] = {}
-        self._stats = {"episodes": 0, "turns": 0, "invalid_actions": 0, "errored": 0, "truncated_actions": 0}
+        self._stats = {"episodes": 0, "turns": 0, "invalid_actions": 0, "errored": 0, "truncated_actions": 0,
+                       "admission_waits": 0}
+        self._started = 0  # training episodes started and not dropped
+        self.learner_version = 0
         self._return_sums = [0.0] * make(cfg.env_name).num_players
         self._nursery = None
 
@@ -54,10 +64,13 @@ class EnvActor:
 
         self.tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, self.cfg.tokenizer_path)
         self._training_on = trio.Event()  # set while training episodes may start
+        self._version_changed = trio.Event()
+        topic = VERSION_TOPIC + self.cfg.policy_id.encode()
         async with (
             transport.open_receiver(capacity=1024) as completions,
             transport.open_sender(peers["rollout"], capacity=1024) as rollout,
             transport.open_sender(peers["reward"], capacity=16) as reward,
+            transport.open_subscriber(peers.get("versions", []), topics=[topic]) as versions,
             trio.open_nursery() as nursery,
         ):
             self._reply_to = completions.address
@@ -66,6 +79,7 @@ class EnvActor:
             self._completions = Inbox(completions, Kind.COMPLETION, Completion.from_body)
             self._nursery = nursery
             nursery.start_soon(self._route_completions)
+            nursery.start_soon(self._follow_versions, Inbox(versions, Kind.VERSION, VersionAnnounced.from_body, topic=True))
             nursery.start_soon(self._train)
             task_status.started({"completions": completions.address})
 
@@ -92,6 +106,9 @@ class EnvActor:
         return {
             **self._stats,
             "live_episodes": len(self._waiting),
+            "started": self._started,
+            "learner_version": self.learner_version,
+            "admission_limit": self._admission_limit(),
             **{f"mean_return_seat{seat}": total / episodes for seat, total in enumerate(self._return_sums)},
             "dropped_frames": self._completions.statistics()["dropped_frames"] if self._nursery else 0,
             "evaluations": [t.summary() for t in self._evaluations.values()],
@@ -99,12 +116,29 @@ class EnvActor:
 
     # -- episodes --------------------------------------------------------------------------------------
 
+    def _admission_limit(self) -> int:
+        allowance = (self.cfg.max_staleness + self.learner_version + 1) * self.cfg.batch_episodes
+        return math.ceil(allowance * self.cfg.admission_share)
+
+    async def _follow_versions(self, inbox: Inbox) -> None:
+        while True:
+            announced = await inbox.receive()
+            if announced.version > self.learner_version:
+                self.learner_version = announced.version
+                self._version_changed.set()
+                self._version_changed = trio.Event()
+
     async def _train(self) -> None:
         slots = trio.Semaphore(self.cfg.concurrency)
         async with trio.open_nursery() as nursery:
             while True:
                 await self._training_on.wait()
+                if self._started >= self._admission_limit():
+                    self._stats["admission_waits"] += 1
+                    await self._version_changed.wait()
+                    continue
                 await slots.acquire()
+                self._started += 1
                 nursery.start_soon(self._train_one, slots)
 
     async def _train_one(self, slots: trio.Semaphore) -> None:
@@ -112,6 +146,8 @@ class EnvActor:
             rows, _ = await self._play([POLICY, POLICY], self._rng.randrange(2**31))
             if rows:
                 await self._episodes.send(encode_table(trajectory_table(rows)))
+            else:  # errored: it will never be consumed, so it gives its admission back
+                self._started -= 1
         finally:
             slots.release()
 

@@ -75,7 +75,7 @@ class Topology:
 def build_topology(cluster, cfg: dict, model_path: str | Path, run_dir: Path) -> Topology:
     """Start and connect every actor of a run: the whole data-flow graph, in one place.
 
-    episodes: env -> reward -> replay -> learner;  weights: learner -> rollout;
+    episodes: env -> reward -> replay -> learner;  weights: learner -> rollout;  versions: learner -> env;
     generation: env -> rollout (requests) and rollout -> env (completions, to the address in the request).
     """
     model_path, top = str(model_path), Topology()
@@ -94,12 +94,15 @@ def build_topology(cluster, cfg: dict, model_path: str | Path, run_dir: Path) ->
             model_path=model_path, seed=cfg["run"]["seed"] + i, **cfg["rollout"]["args"]),
             peers={"weights": [learner["weights"]]})
         rollout_addresses.append(rollout["requests"])
-    for i in range(cfg["env"]["count"]):
+    envs = cfg["env"]["count"]
+    for i in range(envs):
         top.envs.append(f"env-{i}")
         cluster.spawn(top.envs[-1], EnvActor, EnvConfig(
             tokenizer_path=model_path, temperature=sampling["temperature"],
-            max_new_tokens=sampling["max_new_tokens"], seed=cfg["run"]["seed"] * 1000 + i, **cfg["env"]["args"]),
-            peers={"rollout": rollout_addresses, "reward": [reward["episodes"]]})
+            max_new_tokens=sampling["max_new_tokens"], max_staleness=cfg["learner"]["max_staleness"],
+            batch_episodes=cfg["replay"]["args"]["batch_episodes"], admission_share=1 / envs,
+            seed=cfg["run"]["seed"] * 1000 + i, **cfg["env"]["args"]),
+            peers={"rollout": rollout_addresses, "reward": [reward["episodes"]], "versions": [learner["weights"]]})
     return top
 
 

@@ -32,6 +32,7 @@ class LearnerConfig:
     max_grad_norm: float = 1.0
     temperature: float = 1.0
     threads: int = 1
+    announce_every_s: float = 1.0  # re-announce the version, for subscribers that missed one
     save_dir: str | None = None
     seed: int = 0
 
@@ -56,17 +57,24 @@ class LearnerActor:
             versions_out = Outbox(publisher, Kind.VERSION, self.name, topic=VERSION_TOPIC + policy)
             task_status.started({"batches": batches.address, "weights": publisher.address})
             try:
-                while True:
-                    table = await self._inbox.receive()
-                    stats = await trio.to_thread.run_sync(self._update, model, optimizer, tokenizer, table)
-                    tensors = await trio.to_thread.run_sync(weights_to_bytes, model)
-                    await weights_out.send(Weights(self.cfg.policy_id, self.version, tensors).to_body())
-                    await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
-                    self.history.append(stats)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._announce, versions_out)
+                    while True:
+                        table = await self._inbox.receive()
+                        stats = await trio.to_thread.run_sync(self._update, model, optimizer, tokenizer, table)
+                        tensors = await trio.to_thread.run_sync(weights_to_bytes, model)
+                        await weights_out.send(Weights(self.cfg.policy_id, self.version, tensors).to_body())
+                        await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
+                        self.history.append(stats)
             finally:
                 if self.cfg.save_dir:
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(self._save, model, tokenizer)
+
+    async def _announce(self, versions_out: Outbox) -> None:
+        while True:
+            await trio.sleep(self.cfg.announce_every_s)
+            await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
 
     def _load(self):
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -68,10 +68,10 @@ class Run:
             time.sleep(0.5)
         return self._record(result)
 
-    def _record(self, result: dict) -> dict:
+    def _record(self, result: dict, stats: dict | None = None) -> dict:
         result["minute"] = (time.time() - self.started) / 60 if self.started else 0.0
         self.evaluations.append(result)
-        self.metrics.snapshot(self._stats(), evaluation=result)
+        self.metrics.snapshot(stats or self._stats(), evaluation=result)
         log.info("evaluation %s: non-loss %.3f vs %s (by seat %s), invalid %.3f", result["tag"], result["nonloss"],
                  result["opponent"], {k: round(v, 3) for k, v in result["nonloss_by_seat"].items()},
                  result["invalid_rate"])
@@ -88,13 +88,15 @@ class Run:
             time.sleep(min(run["log_every_s"], max(budget - elapsed, 0.05)))
             stats = self._stats()
             if pending is not None and (result := pending.result(stats)) is not None:
-                self._record(result)
+                self._record(result, stats)  # writes this round's metrics row too
                 pending = None
+            else:
+                self.metrics.snapshot(stats)
+            row = self.metrics.rows[-1]
             if pending is None and ev["every_s"] and time.time() >= next_eval:
                 rounds += 1
                 pending = Evaluation(self.cluster, self.top.envs, f"during-{rounds}", ev["games_per_seat"], ev["opponent"])
                 next_eval = time.time() + ev["every_s"]
-            row = self.metrics.snapshot(stats)
             bar.update(min(round(time.time() - self.started), bar.total) - bar.n)
             bar.set_postfix(self._postfix(row), refresh=True)
             if run["max_versions"] and row["version"] >= run["max_versions"]:

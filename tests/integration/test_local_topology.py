@@ -39,3 +39,22 @@ def test_episodes_flow_and_rollouts_generate_with_new_weights(transport, tiny_mo
         assert all(cluster.statistics(name)["dropped_frames"] == 0 for name in top.names())
     finally:
         cluster.shutdown()
+
+
+def test_admission_bounds_staleness(tiny_model_dir, tmp_path):
+    """With eta = 1 no env actor runs ahead of the learner: staleness stays within eta + 1 in every batch."""
+    cfg = small_config(tmp_path, **{"learner.max_staleness": 1, "env.args.concurrency": 32})
+    cluster = LocalCluster()
+    try:
+        top = build_topology(cluster, cfg, tiny_model_dir, tmp_path)
+        cluster.call(top.envs[0], "set_training", True)
+        worst = 0.0
+        while (learner := cluster.statistics("learner"))["version"] < 6:
+            env = cluster.statistics(top.envs[0])
+            assert env["started"] <= env["admission_limit"]
+            worst = max(worst, learner["last"].get("staleness_max", 0.0))
+            time.sleep(0.05)
+        assert env["admission_waits"] > 0  # generation is faster than learning here: admission had to hold it
+        assert worst <= 2
+    finally:
+        cluster.shutdown()
