@@ -158,3 +158,12 @@ def ensure_base_model(cache_dir: str | Path, cfg: TinyModelConfig = TinyModelCon
     (tmp / "tidal_base_model.json").write_text(json.dumps(asdict(cfg), indent=2))
     tmp.rename(path)
     return path
+
+
+def load_policy(path: str | Path):
+    """(model, tokenizer) from a Hugging Face model directory, the model in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)

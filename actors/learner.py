@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import trio
 
+from actors.base_model import load_policy
 from actors.endpoints import Inbox, Outbox
 from actors.training import collate, policy_gradient_step
 from actors.weights import weights_to_bytes
@@ -30,6 +31,7 @@ class LearnerConfig:
     lr: float = 5e-4
     clip_eps: float = 0.2
     max_grad_norm: float = 1.0
+    kl_coef: float = 0.0  # > 0: penalise KL to the starting policy (a frozen copy)
     temperature: float = 1.0
     threads: int = 1
     announce_every_s: float = 1.0  # re-announce the version, for subscribers that missed one
@@ -42,6 +44,7 @@ class LearnerActor:
         self.cfg, self.name = cfg, name
         self.version = 0
         self.history: list[dict] = []  # one entry per update
+        self.reference = None  # a frozen copy of the starting policy, when kl_coef > 0
         self._totals = {"batches": 0, "episodes": 0, "tokens": 0, "train_s": 0.0}
         self._inbox = None
 
@@ -77,19 +80,19 @@ class LearnerActor:
             await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
 
     def _load(self):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         torch.set_num_threads(self.cfg.threads)
         torch.manual_seed(self.cfg.seed)
-        model = AutoModelForCausalLM.from_pretrained(self.cfg.model_path).eval()
+        model, tokenizer = load_policy(self.cfg.model_path)
+        self.reference = load_policy(self.cfg.model_path)[0] if self.cfg.kl_coef > 0 else None
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, weight_decay=0.0)
-        return model, AutoTokenizer.from_pretrained(self.cfg.model_path), optimizer
+        return model, tokenizer, optimizer
 
     def _update(self, model, optimizer, tokenizer, table) -> dict:
         started = time.perf_counter()
         batch = collate(table, tokenizer.pad_token_id)
         stats = policy_gradient_step(model, optimizer, batch, temperature=self.cfg.temperature,
-                                     clip_eps=self.cfg.clip_eps, max_grad_norm=self.cfg.max_grad_norm)
+                                     clip_eps=self.cfg.clip_eps, max_grad_norm=self.cfg.max_grad_norm,
+                                     reference=self.reference, kl_coef=self.cfg.kl_coef)
         token_versions = batch.versions[batch.action_mask]
         staleness = (self.version - token_versions).float()
         episodes = len(set(table.column(Columns.EPISODE_ID).to_pylist()))

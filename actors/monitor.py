@@ -74,7 +74,8 @@ class MetricsLog:
             row["tokens_per_s"] = (totals["tokens"] - before["tokens"]) / dt
             turns = totals["turns"] - before["turns"]
             row["invalid_rate"] = (totals["invalid_actions"] - before["invalid_actions"]) / turns if turns else None
-        for key in ("staleness_mean", "staleness_max", "pg_loss", "clip_fraction", "approx_kl", "logprob_gap"):
+        for key in ("staleness_mean", "staleness_max", "pg_loss", "clip_fraction", "approx_kl", "logprob_gap",
+                    "return_seat0", "return_seat1", "kl_ref"):
             if key in learner.get("last", {}):
                 row[key] = learner["last"][key]
         if evaluation is not None:
@@ -107,7 +108,8 @@ def plot_learning_curve(evaluations: list[dict], rows: list[dict], path: Path, o
     ax3 = ax2.twinx()
     ax3.plot([r["elapsed_s"] / 60 for r in rows], [r["version"] for r in rows], color="gray", label="policy version")
     ax3.set_ylabel("policy version")
-    fig.legend(loc="upper center", ncol=3, fontsize=8)
+    lines = ax2.get_lines() + ax3.get_lines()
+    ax2.legend(lines, [line.get_label() for line in lines], loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import trio
 
+from actors.base_model import load_policy
 from actors.endpoints import Inbox, Outbox
 from actors.sampling import sample
 from actors.weights import load_weights
@@ -61,11 +62,8 @@ class RolloutActor:
             task_status.started({"requests": requests.address})
 
     def _load(self):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         torch.set_num_threads(self.cfg.threads)
-        model = AutoModelForCausalLM.from_pretrained(self.cfg.model_path).eval()
-        return model, AutoTokenizer.from_pretrained(self.cfg.model_path)
+        return load_policy(self.cfg.model_path)
 
     async def _queue_requests(self, queue_in) -> None:
         while True:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import torch
 
 from algos.advantages import seat_baseline_advantages
-from algos.losses import ppo_clip_loss, token_logprobs
+from algos.losses import kl_penalty, ppo_clip_loss, token_logprobs
 from streams.schema import Columns
 
 
@@ -54,17 +54,30 @@ def collate(table: pa.Table, pad_id: int) -> TokenBatch:
     )
 
 
+def action_logprobs(model, batch: TokenBatch, temperature: float) -> torch.Tensor:
+    """[N, T-1] log-probs of every next token; position t predicts token t+1."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    return token_logprobs(logits[:, :-1], batch.input_ids[:, 1:], temperature)
+
+
 def policy_gradient_step(model, optimizer, batch: TokenBatch, *, temperature: float, clip_eps: float,
-                         max_grad_norm: float) -> dict:
-    """One PPO-clip update with a per-seat baseline; the behaviour log-probs are the old policy."""
+                         max_grad_norm: float, reference=None, kl_coef: float = 0.0) -> dict:
+    """One PPO-clip update with a per-seat baseline; the behaviour log-probs are the old policy.
+
+    With a ``reference`` model and ``kl_coef`` > 0, a KL penalty towards the reference is added.
+    """
     advantages, adv_stats = seat_baseline_advantages(batch.returns, batch.seats)
     model.train()
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    # position t predicts token t+1: shift everything that describes targets by one
-    logprobs = token_logprobs(logits[:, :-1], batch.input_ids[:, 1:], temperature)
-    mask = batch.action_mask[:, 1:]
+    logprobs = action_logprobs(model, batch, temperature)
+    mask = batch.action_mask[:, 1:]  # everything that describes targets shifts by one, too
     loss, stats = ppo_clip_loss(logprobs, batch.behaviour_logprobs[:, 1:],
                                 advantages[:, None].expand_as(logprobs), mask, clip_eps)
+    if reference is not None and kl_coef > 0:
+        with torch.no_grad():
+            ref_logprobs = action_logprobs(reference, batch, temperature)
+        kl, kl_stats = kl_penalty(logprobs, ref_logprobs, mask)
+        loss = loss + kl_coef * kl
+        stats.update(kl_stats)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)

@@ -54,3 +54,14 @@ def ppo_clip_loss(
         "ratio_mean": masked_mean(ratio.detach(), mask).item(),
     }
     return loss, stats
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor):
+    """KL(pi_theta || pi_ref) per token with the k3 estimator (Schulman, "Approximating KL divergence", 2020).
+
+    k3 = exp(ref - logp) - (ref - logp) - 1 is unbiased for samples from pi_theta and never negative.
+    Keeping a self-play policy near its reference keeps its play diverse.
+    """
+    delta = ref_logprobs - logprobs
+    kl = masked_mean(torch.exp(delta) - delta - 1.0, mask)
+    return kl, {"kl_ref": kl.item()}

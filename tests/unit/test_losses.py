@@ -3,7 +3,7 @@ import math
 import torch
 
 from algos.advantages import seat_baseline_advantages
-from algos.losses import ppo_clip_loss, sft_loss, token_logprobs
+from algos.losses import kl_penalty, ppo_clip_loss, sft_loss, token_logprobs
 
 
 def test_ppo_clip_matches_hand_computed_values():
@@ -57,3 +57,15 @@ def test_seat_baseline_removes_each_seats_mean():
     assert math.isclose(stats["return_seat0"], 1 / 3, rel_tol=1e-6)
     normed, _ = seat_baseline_advantages(returns, seats)
     assert torch.allclose(normed[seats == 1].std(), torch.tensor(1.0), atol=1e-4)
+
+
+def test_kl_penalty_is_zero_at_the_reference_and_positive_away_from_it():
+    logp = torch.log(torch.tensor([[0.5, 0.25]]))
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    zero, _ = kl_penalty(logp, logp, mask)
+    assert zero.item() == 0.0
+    ref = torch.log(torch.tensor([[0.25, 0.5]]))
+    kl, stats = kl_penalty(logp, ref, mask)
+    # k3 per token: exp(d) - d - 1 with d = ref - logp = (-log 2, log 2)
+    expected = ((0.5 + math.log(2) - 1) + (2 - math.log(2) - 1)) / 2
+    assert math.isclose(kl.item(), expected, rel_tol=1e-6) and stats["kl_ref"] > 0
