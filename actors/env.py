@@ -1,7 +1,7 @@
 """EnvActor: runs many live episodes, each a trio task, and asks rollout actors for the policy's moves.
 
-Training episodes seat the policy in every seat (mirror self-play) and go to the reward actor when they
-end. Admission keeps them fresh (AReaL's rule): a new training episode starts only while the episodes
+Training episodes seat the policy in every seat (mirror self-play; optionally a share of them against a
+fixed opponent) and go to the reward actor when they end. Admission keeps them fresh (AReaL's rule): a new training episode starts only while the episodes
 started but not yet consumed by the learner number fewer than (max_staleness + v + 1) * batch_episodes,
 v being the learner's version, announced on its publisher. This actor's share of that allowance is
 ``admission_share`` (1 / the number of env actors).
@@ -44,6 +44,8 @@ class EnvConfig:
     max_staleness: int = 2  # eta: how many versions behind the learner a started episode may fall
     batch_episodes: int = 64  # the learner's batch size B, for admission
     admission_share: float = 1.0  # this actor's share of the admission allowance
+    opponent: str = "random"  # the fixed opponent of the training games below
+    opponent_share: float = 0.0  # fraction of training games against ``opponent`` instead of the mirror
     seed: int = 0
 
 
@@ -143,9 +145,17 @@ class EnvActor:
                 self._started += 1
                 nursery.start_soon(self._train_one, slots)
 
+    def _training_seats(self) -> list[str]:
+        """Mirror self-play, or (a share ``opponent_share`` of games) the policy in one seat against the opponent."""
+        players = len(self._return_sums)
+        if self._rng.random() >= self.cfg.opponent_share:
+            return [POLICY] * players
+        seat = self._rng.randrange(players)
+        return [POLICY if s == seat else self.cfg.opponent for s in range(players)]
+
     async def _train_one(self, slots: trio.Semaphore) -> None:
         try:
-            rows, _ = await self._play([POLICY, POLICY], self._rng.randrange(2**31))
+            rows, _ = await self._play(self._training_seats(), self._rng.randrange(2**31))
             if rows:
                 await self._episodes.send(encode_table(trajectory_table(rows)))
             else:  # errored: it will never be consumed, so it gives its admission back

@@ -43,14 +43,14 @@ class Run:
         try:
             self.top = build_topology(cluster, self.cfg, model_path, self.dir)
             self.cluster, self.metrics = cluster, MetricsLog(self.dir)
-            self._evaluate_now("start")
+            self._evaluate_now("start", self.cfg["eval"]["endpoint_games_per_seat"])
             self.started = time.time()
             for env in self.top.envs:
                 cluster.call(env, "set_training", True)
             self._train()
             for env in self.top.envs:
                 cluster.call(env, "set_training", False)
-            self._evaluate_now("final", self.cfg["eval"]["final_games_per_seat"])
+            self._evaluate_now("final", self.cfg["eval"]["endpoint_games_per_seat"])
         except KeyboardInterrupt:
             interrupted = True
             log.warning("interrupted: stopping the run and writing what it measured")
@@ -61,9 +61,8 @@ class Run:
     def _stats(self) -> dict[str, dict]:
         return {name: self.cluster.statistics(name) for name in self.top.names()}
 
-    def _evaluate_now(self, tag: str, games: int | None = None) -> dict:
-        ev = self.cfg["eval"]
-        evaluation = Evaluation(self.cluster, self.top.envs, tag, games or ev["games_per_seat"], ev["opponent"])
+    def _evaluate_now(self, tag: str, games: int) -> dict:
+        evaluation = Evaluation(self.cluster, self.top.envs, tag, games, self.cfg["eval"]["opponent"])
         while (result := evaluation.result(self._stats())) is None:
             time.sleep(0.5)
         return self._record(result)

@@ -15,7 +15,7 @@ def test_tidal_launch_end_to_end(tiny_model_dir, tmp_path):
     args = [f"model.path={tiny_model_dir}", f"run.dir={tmp_path}", "run.name=smoke", "run.minutes=0.5",
             "run.max_versions=3", "run.log_every_s=1", "replay.args.batch_episodes=8",
             "replay.args.capacity_episodes=16", "env.args.concurrency=8", "eval.games_per_seat=4",
-            "eval.final_games_per_seat=4", "eval.every_s=5", "sampling.max_new_tokens=4", "ray.num_cpus=2"]
+            "eval.endpoint_games_per_seat=4", "eval.every_s=5", "sampling.max_new_tokens=4", "ray.num_cpus=2"]
     done = subprocess.run([sys.executable, "-m", "actors.cli", "launch", *args], capture_output=True, text=True,
                           timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
