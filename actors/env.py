@@ -181,20 +181,26 @@ class EnvActor:
         game = make(self.cfg.env_name, invalid_penalty=self.cfg.invalid_penalty)
         game.reset(seed)
         opponents = {s: make_opponent(name, seed=seed + s) for s, name in enumerate(seats) if name != POLICY}
-        episode_id, created = f"{self.name}-{next(self._ids)}", time.time()
+        episode = {  # what every row of this episode shares
+            Columns.EPISODE_ID: f"{self.name}-{next(self._ids)}", Columns.ENV_NAME: self.cfg.env_name,
+            Columns.SEED: seed, Columns.POLICY_ID: self.cfg.policy_id, Columns.CREATED_AT: time.time(),
+            Columns.MATCHUP: ",".join(self.cfg.policy_id if name == POLICY else name for name in seats),
+        }
         rows, returns = [], [0.0] * game.num_players
         for turn in itertools.count():
             seat = game.current_player
             if seat in opponents:
                 text = opponents[seat].act(game)
             else:
-                row = await self._policy_turn(game.observation(seat), episode_id, seed, turn, seat, created)
+                turn_columns = {**episode, Columns.TURN: turn, Columns.AGENT: seat}
+                row = await self._policy_turn(game.observation(seat), turn_columns)
                 rows.append(row)
                 text = row[Columns.ACTION_TEXT]
             try:
                 result = game.step(text)
             except Exception:
-                log.exception("environment %s raised in episode %s; the episode is dropped", game.name, episode_id)
+                log.exception("environment %s raised in episode %s; the episode is dropped", game.name,
+                              episode[Columns.EPISODE_ID])
                 self._stats["errored"] += 1
                 return [], returns
             returns = [r + d for r, d in zip(returns, result.rewards)]
@@ -206,20 +212,19 @@ class EnvActor:
         self._finish(rows, returns, result)
         return rows, returns
 
-    async def _policy_turn(self, prompt: str, episode_id, seed, turn, seat, created) -> dict:
+    async def _policy_turn(self, prompt: str, row: dict) -> dict:
+        """Ask the policy for a move; ``row`` holds the episode's and the turn's columns so far."""
         prompt_ids = self.tokenizer(prompt)["input_ids"]
         completion = await self._generate(prompt_ids)
         self._stats["turns"] += 1
         self._stats["truncated_actions"] += not completion.finished
         return {
-            Columns.EPISODE_ID: episode_id, Columns.ENV_NAME: self.cfg.env_name, Columns.SEED: seed,
-            Columns.TURN: turn, Columns.AGENT: seat, Columns.POLICY_ID: self.cfg.policy_id,
-            Columns.PROMPT_IDS: prompt_ids, Columns.ACTION_IDS: completion.token_ids,
+            **row, Columns.PROMPT_IDS: prompt_ids, Columns.ACTION_IDS: completion.token_ids,
             Columns.ACTION_TEXT: self.tokenizer.decode(completion.token_ids, skip_special_tokens=True),
             Columns.BEHAVIOUR_LOGPROBS: completion.logprobs, Columns.POLICY_VERSIONS: completion.versions,
             Columns.REWARD: 0.0, Columns.TERMINATED: False, Columns.TRUNCATED: False,
             Columns.EPISODE_RETURN: 0.0, Columns.INVALID_ACTION: False,
-            Columns.CREATED_AT: created, Columns.GENERATED_AT: time.time(), Columns.SCORED_AT: 0.0,
+            Columns.GENERATED_AT: time.time(), Columns.SCORED_AT: 0.0,
         }
 
     def _finish(self, rows: list[dict], returns: list[float], result) -> None:

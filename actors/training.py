@@ -24,6 +24,7 @@ class TokenBatch:
     versions: torch.Tensor  # [N, T], -1 outside action tokens
     returns: torch.Tensor  # [N]
     seats: torch.Tensor  # [N]
+    groups: torch.Tensor  # [N], one id per (matchup, seat): the baseline groups
 
 
 def collate(table: pa.Table, pad_id: int) -> TokenBatch:
@@ -51,7 +52,14 @@ def collate(table: pa.Table, pad_id: int) -> TokenBatch:
         versions=torch.from_numpy(token_versions),
         returns=torch.tensor(table.column(Columns.EPISODE_RETURN).to_numpy(), dtype=torch.float32),
         seats=torch.tensor(table.column(Columns.AGENT).to_numpy(), dtype=torch.int64),
+        groups=_baseline_groups(table),
     )
+
+
+def _baseline_groups(table: pa.Table) -> torch.Tensor:
+    keys = list(zip(table.column(Columns.MATCHUP).to_pylist(), table.column(Columns.AGENT).to_pylist()))
+    ids = {key: i for i, key in enumerate(sorted(set(keys)))}
+    return torch.tensor([ids[key] for key in keys], dtype=torch.int64)
 
 
 def action_logprobs(model, batch: TokenBatch, temperature: float) -> torch.Tensor:
@@ -66,7 +74,8 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, *, temperature: fl
 
     With a ``reference`` model and ``kl_coef`` > 0, a KL penalty towards the reference is added.
     """
-    advantages, adv_stats = seat_baseline_advantages(batch.returns, batch.seats)
+    advantages, _ = seat_baseline_advantages(batch.returns, batch.groups)
+    adv_stats = {f"return_seat{s}": batch.returns[batch.seats == s].mean().item() for s in batch.seats.unique().tolist()}
     model.train()
     logprobs = action_logprobs(model, batch, temperature)
     mask = batch.action_mask[:, 1:]  # everything that describes targets shifts by one, too

@@ -10,7 +10,9 @@ def seat_baseline_advantages(returns: torch.Tensor, seats: torch.Tensor, normali
 
     A per-seat baseline matters in games where seats differ in strength (in TicTacToe the first mover
     wins far more often): one shared baseline would push the first seat up and the second down whatever
-    they played. With ``normalize`` each seat's advantages are also divided by that seat's std.
+    they played. A "seat" here is any integer group: the trainer uses one per (matchup, seat), so games
+    against different opponents do not share a baseline either. With ``normalize`` each group's
+    advantages are also divided by that group's std.
     returns, seats: [N] (one entry per agent-turn or per episode-seat).
     """
     advantages = torch.zeros_like(returns, dtype=torch.float32)

@@ -20,6 +20,7 @@ class Columns:
     SEED = "seed"
     TURN = "turn"
     AGENT = "agent"  # seat / role in the game
+    MATCHUP = "matchup"  # who sat where, e.g. "main,random": baselines are kept per (matchup, agent)
     POLICY_ID = "policy_id"
     PROMPT_IDS = "prompt_ids"
     ACTION_IDS = "action_ids"
@@ -42,6 +43,7 @@ FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     (Columns.SEED, pa.int64()),
     (Columns.TURN, pa.int32()),
     (Columns.AGENT, pa.int32()),
+    (Columns.MATCHUP, pa.string()),
     (Columns.POLICY_ID, pa.string()),
     (Columns.PROMPT_IDS, pa.list_(pa.int32())),
     (Columns.ACTION_IDS, pa.list_(pa.int32())),

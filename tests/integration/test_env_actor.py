@@ -65,6 +65,7 @@ def test_an_invalid_action_ends_the_episode_with_a_penalty_and_is_counted(tiny_m
         assert rows[1][Columns.REWARD] == -1.0 and rows[1][Columns.TERMINATED]
         assert all(r[Columns.POLICY_VERSIONS] == [5] * len(r[Columns.ACTION_IDS]) for r in rows)
         assert rows[0][Columns.ACTION_TEXT] == "I play [1]"
+        assert {r[Columns.MATCHUP] for r in rows} == {"main,main"}
     assert stats["invalid_actions"] >= 3 and stats["errored"] == 0
 
 
@@ -73,6 +74,8 @@ def test_a_share_of_training_games_against_the_fixed_opponent(tiny_model_dir):
     for table in episodes:
         seats = set(table.column(Columns.AGENT).to_pylist())
         assert len(seats) == 1  # only the policy's seat has rows; the opponent is not trained on
+        expected = "main,random" if seats == {0} else "random,main"
+        assert set(table.column(Columns.MATCHUP).to_pylist()) == {expected}
     assert {next(iter(set(t.column(Columns.AGENT).to_pylist()))) for t in episodes} == {0, 1}
 
 

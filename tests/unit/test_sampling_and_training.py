@@ -22,10 +22,10 @@ def prompts(tokenizer):
     return [tokenizer(t)["input_ids"] for t in texts]
 
 
-def row(prompt, sampled, version=0, seat=0, ret=1.0, episode="e0"):
+def row(prompt, sampled, version=0, seat=0, ret=1.0, episode="e0", matchup="main,main"):
     return {
         Columns.EPISODE_ID: episode, Columns.ENV_NAME: "tictactoe", Columns.SEED: 0, Columns.TURN: 0,
-        Columns.AGENT: seat, Columns.POLICY_ID: "main", Columns.PROMPT_IDS: prompt,
+        Columns.AGENT: seat, Columns.MATCHUP: matchup, Columns.POLICY_ID: "main", Columns.PROMPT_IDS: prompt,
         Columns.ACTION_IDS: sampled.tokens, Columns.ACTION_TEXT: "", Columns.BEHAVIOUR_LOGPROBS: sampled.logprobs,
         Columns.POLICY_VERSIONS: [version] * len(sampled.tokens), Columns.REWARD: ret, Columns.TERMINATED: True,
         Columns.TRUNCATED: False, Columns.EPISODE_RETURN: ret, Columns.INVALID_ACTION: False,
@@ -110,3 +110,13 @@ def test_weights_of_another_model_are_refused(model_and_tokenizer):
 
     with pytest.raises(ValueError, match="do not fit"):
         load_weights(model, save({"other.weight": torch.zeros(2)}))
+
+
+def test_baselines_are_kept_per_matchup_and_seat(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    p = prompts(tok)[0]
+    s = sample(model, [p], eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=4)[0]
+    rows = [row(p, s, seat=0), row(p, s, seat=1), row(p, s, seat=0, matchup="main,random"),
+            row(p, s, seat=0, matchup="main,random")]
+    groups = collate(trajectory_table(rows), tok.pad_token_id).groups.tolist()
+    assert groups[2] == groups[3] and len({groups[0], groups[1], groups[2]}) == 3

@@ -23,6 +23,7 @@ def row(turn: int, **changes) -> dict:
         C.SEED: 2**40 + 7,
         C.TURN: turn,
         C.AGENT: turn % 2,
+        C.MATCHUP: "main,main",
         C.POLICY_ID: "main",
         C.PROMPT_IDS: list(range(turn + 3)),
         C.ACTION_IDS: [5, 6][:turn],  # turn 0 has an empty action
