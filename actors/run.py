@@ -23,6 +23,7 @@ class Run:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "config.json").write_text(json.dumps(cfg, indent=2))
         self.evaluations: list[dict] = []
+        self.metrics = MetricsLog(self.dir)
         self.started = None
 
     def model_path(self) -> Path:
@@ -42,9 +43,9 @@ class Run:
         interrupted = False
         try:
             self.top = build_topology(cluster, self.cfg, model_path, self.dir)
-            self.cluster, self.metrics = cluster, MetricsLog(self.dir)
+            self.cluster = cluster
             self._evaluate_now("start", self.cfg["eval"]["endpoint_games_per_seat"])
-            self.started = time.time()
+            self.started = self.metrics.started = time.time()  # minute 0 of the curves: training starts
             for env in self.top.envs:
                 cluster.call(env, "set_training", True)
             self._train()
@@ -108,7 +109,7 @@ class Run:
                 "tok/s": f"{row.get('tokens_per_s', 0):.0f}", "nonloss": f"{last:.2f}" if last is not None else "-"}
 
     def _summarize(self, interrupted: bool) -> dict:
-        rows = getattr(getattr(self, "metrics", None), "rows", [])
+        rows = self.metrics.rows
         by_tag = {e["tag"]: e for e in self.evaluations}
         start, final = by_tag.get("start"), by_tag.get("final")
         rates = [r["episodes_per_s"] for r in rows if r.get("episodes_per_s")]

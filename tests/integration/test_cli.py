@@ -33,3 +33,26 @@ def test_tidal_launch_end_to_end(tiny_model_dir, tmp_path):
 def test_a_bad_override_fails_with_a_clear_message(capsys):
     assert main(["launch", "run.minutes=2", "no_such_group.key=1"]) == 2
     assert "no_such_group" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_the_run_and_keeps_its_metrics_and_plot(tiny_model_dir, tmp_path):
+    import signal
+    import time
+
+    args = [f"model.path={tiny_model_dir}", f"run.dir={tmp_path}", "run.name=interrupted", "run.mode=local",
+            "run.minutes=5", "run.log_every_s=0.5", "replay.args.batch_episodes=8", "env.args.concurrency=8",
+            "eval.games_per_seat=4", "eval.endpoint_games_per_seat=4", "eval.every_s=0", "sampling.max_new_tokens=4"]
+    process = subprocess.Popen([sys.executable, "-m", "actors.cli", "launch", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "interrupted" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):  # training has begun
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended or stalled before training"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-2000:]
+    summary = json.loads((tmp_path / "interrupted" / "summary.json").read_text())
+    assert summary["interrupted"] and summary["start_nonloss"] is not None and summary["final_nonloss"] is None
+    assert (tmp_path / "interrupted" / "learning_curve.png").exists()
+    assert "non-loss vs random: start" in out
