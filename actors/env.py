@@ -99,10 +99,7 @@ class EnvActor:
     def evaluate(self, tag: str, games_per_seat: int, opponent: str = "random") -> None:
         """Play ``games_per_seat`` games in each seat against ``opponent``; results under ``tag``."""
         tally = self._evaluations[tag] = EvaluationTally(tag, opponent, games_per_seat)
-        players = len(self._return_sums)
-        seats_list = []
-        for seat in range(players):
-            seats_list += [[POLICY if s == seat else opponent for s in range(players)]] * games_per_seat
+        seats_list = [self._seats(opponent, seat) for seat in range(len(self._return_sums))] * games_per_seat
         self._nursery.start_soon(self._evaluate, tally, seats_list)
 
     def statistics(self) -> dict:
@@ -145,19 +142,21 @@ class EnvActor:
                 self._started += 1
                 nursery.start_soon(self._train_one, slots)
 
+    def _seats(self, opponent: str, seat: int) -> list[str]:
+        """The policy in ``seat``, ``opponent`` in every other seat."""
+        return [POLICY if s == seat else opponent for s in range(len(self._return_sums))]
+
     def _training_seats(self) -> list[str]:
         """Mirror self-play, or (a share ``opponent_share`` of games) the policy in one seat against the opponent."""
-        players = len(self._return_sums)
         if self._rng.random() >= self.cfg.opponent_share:
-            return [POLICY] * players
-        seat = self._rng.randrange(players)
-        return [POLICY if s == seat else self.cfg.opponent for s in range(players)]
+            return [POLICY] * len(self._return_sums)
+        return self._seats(self.cfg.opponent, self._rng.randrange(len(self._return_sums)))
 
     async def _train_one(self, slots: trio.Semaphore) -> None:
         try:
-            rows, _ = await self._play(self._training_seats(), self._rng.randrange(2**31))
-            if rows:
-                await self._episodes.send(encode_table(trajectory_table(rows)))
+            played = await self._play(self._training_seats(), self._rng.randrange(2**31))
+            if played is not None:
+                await self._episodes.send(encode_table(trajectory_table(played[0])))
             else:  # errored: it will never be consumed, so it gives its admission back
                 self._started -= 1
         finally:
@@ -168,16 +167,17 @@ class EnvActor:
 
         async def one(seats):
             async with limit:
-                rows, returns = await self._play(seats, self._rng.randrange(2**31))
-                tally.add(seats.index(POLICY), returns, rows)
+                played = await self._play(seats, self._rng.randrange(2**31))
+                if played is not None:  # an errored game is counted in statistics()["errored"], not as a result
+                    tally.add(seats.index(POLICY), played[1], played[0])
 
         async with trio.open_nursery() as nursery:
             for seats in seats_list:
                 nursery.start_soon(one, seats)
         tally.finish()
 
-    async def _play(self, seats: list[str], seed: int) -> tuple[list[dict], list[float]]:
-        """One episode; returns the policy's agent-turn rows and every seat's return."""
+    async def _play(self, seats: list[str], seed: int) -> tuple[list[dict], list[float]] | None:
+        """One episode: the policy's agent-turn rows and every seat's return (None: the environment raised)."""
         game = make(self.cfg.env_name, invalid_penalty=self.cfg.invalid_penalty)
         game.reset(seed)
         opponents = {s: make_opponent(name, seed=seed + s) for s, name in enumerate(seats) if name != POLICY}
@@ -202,7 +202,7 @@ class EnvActor:
                 log.exception("environment %s raised in episode %s; the episode is dropped", game.name,
                               episode[Columns.EPISODE_ID])
                 self._stats["errored"] += 1
-                return [], returns
+                return None
             returns = [r + d for r, d in zip(returns, result.rewards)]
             if seat not in opponents:
                 rows[-1][Columns.INVALID_ACTION] = result.invalid
