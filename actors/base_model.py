@@ -32,7 +32,8 @@ class TinyModelConfig:
     heads: int = 4  # head_dim = hidden_size / heads must stay >= 32 (vLLM's CPU attention)
     intermediate_size: int = 256
     vocab_size: int = 320
-    tie_embeddings: bool = False  # separate input and output embeddings keep RL updates from disturbing the reading of the board
+    # separate input and output embeddings: RL updates of the output side leave the reading of the board alone
+    tie_embeddings: bool = False
     max_positions: int = 256
     warmup_env: str = "tictactoe"
     warmup_games: int = 3000

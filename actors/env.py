@@ -1,9 +1,10 @@
 """EnvActor: runs many live episodes, each a trio task, and asks rollout actors for the policy's moves.
 
 Training episodes seat the policy in every seat (mirror self-play; optionally a share of them against a
-fixed opponent) and go to the reward actor when they end. Admission keeps them fresh (AReaL's rule): a new training episode starts only while the episodes
-started but not yet consumed by the learner number fewer than (max_staleness + v + 1) * batch_episodes,
-v being the learner's version, announced on its publisher. This actor's share of that allowance is
+fixed opponent) and go to the reward actor when they end. Admission keeps them fresh (AReaL's rule): a
+new training episode starts only while the episodes started but not yet consumed by the learner number
+fewer than (max_staleness + v + 1) * batch_episodes, v being the learner's version, announced on its
+publisher. This actor's share of that allowance is
 ``admission_share`` (1 / the number of env actors).
 
 Evaluation episodes seat the policy against a fixed opponent in each seat in turn; their results are kept

@@ -75,7 +75,8 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, *, temperature: fl
     With a ``reference`` model and ``kl_coef`` > 0, a KL penalty towards the reference is added.
     """
     advantages, _ = seat_baseline_advantages(batch.returns, batch.groups)
-    adv_stats = {f"return_seat{s}": batch.returns[batch.seats == s].mean().item() for s in batch.seats.unique().tolist()}
+    seats = batch.seats.unique().tolist()
+    adv_stats = {f"return_seat{s}": batch.returns[batch.seats == s].mean().item() for s in seats}
     model.train()
     logprobs = action_logprobs(model, batch, temperature)
     mask = batch.action_mask[:, 1:]  # everything that describes targets shifts by one, too
