@@ -4,8 +4,10 @@ Training episodes seat the policy in every seat (mirror self-play; optionally a 
 fixed opponent) and go to the reward actor when they end. Admission keeps them fresh (AReaL's rule): a
 new training episode starts only while the episodes started but not yet consumed by the learner number
 fewer than (max_staleness + v + 1) * batch_episodes, v being the learner's version, announced on its
-publisher. This actor's share of that allowance is
-``admission_share`` (1 / the number of env actors).
+publisher. With n env actors the allowance is split exactly: actor i of n gets
+floor(A (i+1) / n) - floor(A i / n) of it, so the shares add up to A and never exceed it. Every generation
+request carries the learner version this actor knows of as ``min_version``: the rollout actor waits for
+those weights rather than sample with older ones, so with max_staleness = 0 training is exactly on-policy.
 
 Evaluation episodes seat the policy against a fixed opponent in each seat in turn; their results are kept
 in ``statistics()["evaluations"]`` and never trained on.
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ class EnvConfig:
     invalid_penalty: float = -1.0
     max_staleness: int = 2  # eta: how many versions behind the learner a started episode may fall
     batch_episodes: int = 64  # the learner's batch size B, for admission
-    admission_share: float = 1.0  # this actor's share of the admission allowance
+    admission_slot: tuple[int, int] = (0, 1)  # (i, n): this actor is i of n sharing the admission allowance
     opponent: str = "random"  # the fixed opponent of the training games below
     opponent_share: float = 0.0  # fraction of training games against ``opponent`` instead of the mirror
     seed: int = 0
@@ -120,7 +121,8 @@ class EnvActor:
 
     def _admission_limit(self) -> int:
         allowance = (self.cfg.max_staleness + self.learner_version + 1) * self.cfg.batch_episodes
-        return math.ceil(allowance * self.cfg.admission_share)
+        i, n = self.cfg.admission_slot
+        return allowance * (i + 1) // n - allowance * i // n
 
     async def _follow_versions(self, inbox: Inbox) -> None:
         while True:
@@ -244,7 +246,7 @@ class EnvActor:
         done, slot = trio.Event(), []
         self._waiting[request_id] = (done, slot)
         request = GenerationRequest(request_id, self._reply_to, self.cfg.policy_id, prompt_ids,
-                                    self.cfg.temperature, self.cfg.max_new_tokens)
+                                    self.cfg.temperature, self.cfg.max_new_tokens, self.learner_version)
         try:
             await self._requests.send(request.to_body())
             await done.wait()

@@ -2,20 +2,25 @@
 
 Each batch from replay is one update; after it the version goes up by one and the new weights are
 published to every rollout actor of the policy (and the new version to whoever follows it).
+
+Before an update the staleness bound is enforced: an episode with a token more than ``max_staleness``
+versions older than the learner is dropped from the batch and counted (admission control upstream
+normally makes this rare; with ``max_staleness=0`` every trained token has the learner's version).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import torch
 import trio
 
 from actors.base_model import load_policy
 from actors.endpoints import Inbox, Outbox
-from actors.training import collate, policy_gradient_step
+from actors.training import Objective, TrainerState, collate, policy_gradient_step
 from actors.weights import weights_to_bytes
 from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, VersionAnnounced, Weights
 from streams.schema import Columns, decode_table
@@ -29,14 +34,19 @@ class LearnerConfig:
     model_path: str
     policy_id: str = "main"
     lr: float = 5e-4
-    clip_eps: float = 0.2
-    max_grad_norm: float = 1.0
-    kl_coef: float = 0.0  # > 0: penalise KL to the starting policy (a frozen copy)
+    objective: Objective = field(default_factory=Objective)  # loss, advantages; a dict is accepted
+    max_staleness: int = 2  # eta: the oldest token a batch may hold is this many versions behind
     temperature: float = 1.0
     threads: int = 1
     announce_every_s: float = 1.0  # re-announce the version, for subscribers that missed one
     save_dir: str | None = None
     seed: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.objective, dict):
+            self.objective = Objective(**self.objective)
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, not {self.max_staleness}")
 
 
 class LearnerActor:
@@ -45,7 +55,11 @@ class LearnerActor:
         self.version = 0
         self.history: list[dict] = []  # one entry per update
         self.reference = None  # a frozen copy of the starting policy, when kl_coef > 0
-        self._totals = {"batches": 0, "episodes": 0, "tokens": 0, "train_s": 0.0}
+        self.state = TrainerState()
+        self._totals = {"batches": 0, "episodes": 0, "tokens": 0, "train_s": 0.0, "rejected_episodes": 0,
+                        "rejected_tokens": 0}
+        self._staleness = Counter()  # tokens trained on, by staleness, over the whole run
+        self._first_batch_at = None
         self._inbox = None
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -64,6 +78,10 @@ class LearnerActor:
                     nursery.start_soon(self._announce, versions_out)
                     while True:
                         table = await self._inbox.receive()
+                        self._first_batch_at = self._first_batch_at or time.perf_counter()
+                        table = self._within_bound(table)
+                        if table is None:
+                            continue
                         stats = await trio.to_thread.run_sync(self._update, model, optimizer, tokenizer, table)
                         tensors = await trio.to_thread.run_sync(weights_to_bytes, model)
                         await weights_out.send(Weights(self.cfg.policy_id, self.version, tensors).to_body())
@@ -83,18 +101,19 @@ class LearnerActor:
         torch.set_num_threads(self.cfg.threads)
         torch.manual_seed(self.cfg.seed)
         model, tokenizer = load_policy(self.cfg.model_path)
-        self.reference = load_policy(self.cfg.model_path)[0] if self.cfg.kl_coef > 0 else None
+        self.reference = load_policy(self.cfg.model_path)[0] if self.cfg.objective.kl_coef > 0 else None
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, weight_decay=0.0)
         return model, tokenizer, optimizer
 
     def _update(self, model, optimizer, tokenizer, table) -> dict:
         started = time.perf_counter()
         batch = collate(table, tokenizer.pad_token_id)
-        stats = policy_gradient_step(model, optimizer, batch, temperature=self.cfg.temperature,
-                                     clip_eps=self.cfg.clip_eps, max_grad_norm=self.cfg.max_grad_norm,
-                                     reference=self.reference, kl_coef=self.cfg.kl_coef)
+        stats = policy_gradient_step(model, optimizer, batch, self.cfg.objective, self.state,
+                                     temperature=self.cfg.temperature, reference=self.reference)
         token_versions = batch.versions[batch.action_mask]
-        staleness = (self.version - token_versions).float()
+        staleness = self.version - token_versions
+        histogram = Counter(staleness.tolist())
+        self._staleness.update(histogram)
         episodes = len(set(table.column(Columns.EPISODE_ID).to_pylist()))
         self.version += 1
         elapsed = time.perf_counter() - started
@@ -103,9 +122,28 @@ class LearnerActor:
         self._totals["tokens"] += stats["tokens"]
         self._totals["train_s"] += elapsed
         return {**stats, "version": self.version, "episodes": episodes, "train_s": elapsed,
-                "staleness_mean": float(staleness.mean()), "staleness_max": float(staleness.max()),
-                "token_version_max": int(token_versions.max()),
+                "staleness_mean": float(staleness.float().mean()), "staleness_max": int(staleness.max()),
+                "staleness_hist": {str(k): histogram[k] for k in sorted(histogram)},
+                "token_version_min": int(token_versions.min()), "token_version_max": int(token_versions.max()),
                 "time": time.time()}
+
+    def _within_bound(self, table):
+        """The batch without the episodes that hold a token older than the bound (None: nothing is left)."""
+        versions = table.column(Columns.POLICY_VERSIONS).to_pylist()
+        episodes = table.column(Columns.EPISODE_ID).to_pylist()
+        oldest: dict[str, int] = {}
+        for episode, token_versions in zip(episodes, versions):
+            if token_versions:
+                oldest[episode] = min(oldest.get(episode, self.version), min(token_versions))
+        stale = {e for e, v in oldest.items() if self.version - v > self.cfg.max_staleness}
+        if not stale:
+            return table
+        keep = [e not in stale for e in episodes]
+        self._totals["rejected_episodes"] += len(stale)
+        self._totals["rejected_tokens"] += sum(len(v) for v, k in zip(versions, keep) if not k)
+        log.warning("dropped %d episodes older than %d versions (learner at version %d)", len(stale),
+                    self.cfg.max_staleness, self.version)
+        return table.filter(keep) if any(keep) else None
 
     def _save(self, model, tokenizer) -> None:
         model.save_pretrained(self.cfg.save_dir)
@@ -115,4 +153,7 @@ class LearnerActor:
     def statistics(self) -> dict:
         dropped = self._inbox.statistics()["dropped_frames"] if self._inbox else 0
         last = self.history[-1] if self.history else {}
-        return {**self._totals, "version": self.version, "last": last, "dropped_frames": dropped}
+        wall = time.perf_counter() - self._first_batch_at if self._first_batch_at else 0.0
+        busy = min(self._totals["train_s"] / wall, 1.0) if wall > 0 else 0.0
+        return {**self._totals, "version": self.version, "last": last, "dropped_frames": dropped, "busy": busy,
+                "staleness_hist": {str(k): self._staleness[k] for k in sorted(self._staleness)}}

@@ -64,8 +64,16 @@ class MetricsLog:
             "invalid_actions": sum(s["invalid_actions"] for s in envs),
             "tokens": sum(s["tokens"] for s in rollouts),
         }
+        replay = stats.get("replay", {})
         row = {"time": now, "elapsed_s": now - self.started, "version": learner["version"], **totals,
                "trained_episodes": learner["episodes"], "learner_train_s": learner["train_s"],
+               "learner_busy": learner.get("busy"),
+               "rollout_idle": sum(s.get("idle_fraction", 0.0) for s in rollouts) / max(len(rollouts), 1),
+               "queue_requests": sum(s.get("queued_requests", 0) for s in rollouts),
+               "queue_replay": replay.get("buffered", 0),
+               "live_episodes": sum(s.get("live_episodes", 0) for s in envs),
+               "rejected_episodes": learner.get("rejected_episodes", 0),
+               "staleness_total": learner.get("staleness_hist", {}),
                "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values())}
         if self._last is not None:
             then, before = self._last
@@ -74,8 +82,9 @@ class MetricsLog:
             row["tokens_per_s"] = (totals["tokens"] - before["tokens"]) / dt
             turns = totals["turns"] - before["turns"]
             row["invalid_rate"] = (totals["invalid_actions"] - before["invalid_actions"]) / turns if turns else None
-        for key in ("staleness_mean", "staleness_max", "pg_loss", "clip_fraction", "approx_kl", "logprob_gap",
-                    "return_seat0", "return_seat1", "kl_ref"):
+        for key in ("staleness_mean", "staleness_max", "staleness_hist", "pg_loss", "clip_fraction", "approx_kl",
+                    "logprob_gap", "is_weight_mean", "is_outside_share", "entropy", "return_seat0", "return_seat1",
+                    "kl_ref"):
             if key in learner.get("last", {}):
                 row[key] = learner["last"][key]
         if evaluation is not None:

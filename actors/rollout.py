@@ -2,13 +2,16 @@
 
 Requests from every env actor queue up; the actor takes as many as are waiting (up to ``max_batch``),
 samples them in one batch in a worker thread, and sends each completion to the address named in its
-request. New weights arrive on a subscription and are applied between batches, so every token of a batch
-carries the version that produced it.
+request. New weights arrive on a subscription and are applied as soon as they arrive: between batches,
+or in the middle of one (interruptible generation, see ``actors/sampling.py``); every token carries the
+version that produced it. A batch waits until the actor holds weights at least as new as every request's
+``min_version``, so no token is older than the learner version its env actor acted on.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ class RolloutConfig:
     backend: str = "hf"
     max_batch: int = 256
     threads: int = 1
+    interruptible: bool = True  # apply new weights between decoding steps, not only between batches
     seed: int = 0
 
 
@@ -42,13 +46,18 @@ class RolloutActor:
             raise ValueError(f"rollout backend {cfg.backend!r} is not available; this build has 'hf'")
         self.cfg, self.name = cfg, name
         self.version = 0
-        self._latest_weights: Weights | None = None
-        self._stats = {"requests": 0, "tokens": 0, "batches": 0, "generate_s": 0.0, "weights_applied": 0}
+        self._latest_weights: Weights | None = None  # set on the trio loop, taken by the sampling thread
+        self._weights_lock = threading.Lock()
+        self._stats = {"requests": 0, "tokens": 0, "batches": 0, "generate_s": 0.0, "weights_applied": 0,
+                       "weights_applied_mid_batch": 0, "version_waits": 0, "idle_s": 0.0}
+        self._started_at = time.perf_counter()
+        self._queue = None
         self._inbox = None
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         model, tokenizer = await trio.to_thread.run_sync(self._load)
         queue_in, queue_out = trio.open_memory_channel(4 * self.cfg.max_batch)
+        self._queue, self._weights_arrived = queue_out, trio.Event()
         topic = WEIGHTS_TOPIC + self.cfg.policy_id.encode()
         async with (
             transport.open_receiver(capacity=1024) as requests,
@@ -73,7 +82,36 @@ class RolloutActor:
         while True:
             weights = await inbox.receive()
             if weights.version > self.version:
-                self._latest_weights = weights
+                with self._weights_lock:
+                    if self._latest_weights is None or weights.version > self._latest_weights.version:
+                        self._latest_weights = weights
+                self._weights_arrived.set()
+                self._weights_arrived = trio.Event()
+
+    def _take_weights(self, model) -> int | None:
+        """Load the newest weights that arrived, if any (in the thread that owns the model); their version."""
+        with self._weights_lock:
+            weights, self._latest_weights = self._latest_weights, None
+        if weights is None or weights.version <= self.version:
+            return None
+        load_weights(model, weights.tensors)
+        self.version = weights.version
+        self._stats["weights_applied"] += 1
+        return self.version
+
+    async def _catch_up(self, model, needed: int) -> None:
+        """Apply what arrived; then, while older than ``needed``, wait for newer weights."""
+        await trio.to_thread.run_sync(self._take_weights, model)
+        while self.version < needed:
+            arrived = self._weights_arrived
+            if self._latest_weights is None:
+                self._stats["version_waits"] += 1
+                with trio.move_on_after(30) as waited:
+                    await arrived.wait()
+                if waited.cancelled_caught:
+                    log.warning("%s: still waiting for weights of version %d (holding %d)", self.name, needed,
+                                self.version)
+            await trio.to_thread.run_sync(self._take_weights, model)
 
     async def _serve(self, queue_out, model, tokenizer, transport) -> None:
         async with AsyncExitStack() as stack:
@@ -83,17 +121,15 @@ class RolloutActor:
         replies: dict[str, Outbox] = {}  # one sender per env actor, opened on its first request
         generator = torch.Generator().manual_seed(self.cfg.seed)
         while True:
+            idle_from = time.perf_counter()
             batch = [await queue_out.receive()]
+            self._stats["idle_s"] += time.perf_counter() - idle_from
             while len(batch) < self.cfg.max_batch:
                 try:
                     batch.append(queue_out.receive_nowait())
                 except trio.WouldBlock:
                     break
-            if self._latest_weights is not None:
-                weights, self._latest_weights = self._latest_weights, None
-                await trio.to_thread.run_sync(load_weights, model, weights.tensors)
-                self.version = weights.version
-                self._stats["weights_applied"] += 1
+            await self._catch_up(model, max(request.min_version for request in batch))
             for completion, request in await self._generate(model, tokenizer, batch, generator):
                 if request.reply_to not in replies:
                     sender = await stack.enter_async_context(transport.open_sender([request.reply_to], capacity=1024))
@@ -105,14 +141,15 @@ class RolloutActor:
         groups: dict[tuple, list[GenerationRequest]] = {}
         for request in batch:
             groups.setdefault((request.temperature, request.max_tokens), []).append(request)
-        results, version, started = [], self.version, time.perf_counter()
+        results, started = [], time.perf_counter()
+        swap = (lambda: self._swap_mid_batch(model)) if self.cfg.interruptible else None
         for (temperature, max_tokens), requests in groups.items():
             samples = await trio.to_thread.run_sync(lambda: sample(
                 model, [r.prompt_ids for r in requests], eos_id=tokenizer.eos_token_id,
                 pad_id=tokenizer.pad_token_id, temperature=temperature, max_new_tokens=max_tokens,
-                generator=generator))
+                generator=generator, version=self.version, swap_weights=swap))
             for request, s in zip(requests, samples):
-                completion = Completion(request.request_id, s.tokens, s.logprobs, [version] * len(s.tokens), s.finished)
+                completion = Completion(request.request_id, s.tokens, s.logprobs, s.versions, s.finished)
                 results.append((completion, request))
                 self._stats["tokens"] += len(s.tokens)
         self._stats["generate_s"] += time.perf_counter() - started
@@ -120,6 +157,14 @@ class RolloutActor:
         self._stats["batches"] += 1
         return results
 
+    def _swap_mid_batch(self, model) -> int | None:
+        version = self._take_weights(model) if self._latest_weights is not None else None
+        self._stats["weights_applied_mid_batch"] += version is not None
+        return version
+
     def statistics(self) -> dict:
         inbox = self._inbox.statistics() if self._inbox else {}
-        return {**self._stats, "version": self.version, "dropped_frames": inbox.get("dropped_frames", 0)}
+        wall = time.perf_counter() - self._started_at
+        return {**self._stats, "version": self.version, "dropped_frames": inbox.get("dropped_frames", 0),
+                "idle_fraction": min(self._stats["idle_s"] / wall, 1.0) if wall > 0 else 0.0,
+                "queued_requests": self._queue.statistics().current_buffer_used if self._queue else 0}

@@ -106,7 +106,8 @@ class Run:
     def _postfix(self, row: dict) -> dict:
         last = self.evaluations[-1]["nonloss"] if self.evaluations else None
         return {"v": row["version"], "eps/s": f"{row.get('episodes_per_s', 0):.0f}",
-                "tok/s": f"{row.get('tokens_per_s', 0):.0f}", "nonloss": f"{last:.2f}" if last is not None else "-"}
+                "tok/s": f"{row.get('tokens_per_s', 0):.0f}",
+                "stale": f"{row.get('staleness_mean', 0):.1f}", "nonloss": f"{last:.2f}" if last is not None else "-"}
 
     def _summarize(self, interrupted: bool) -> dict:
         rows = self.metrics.rows
@@ -122,6 +123,10 @@ class Run:
             "final_version": rows[-1]["version"] if rows else 0,
             "episodes": rows[-1]["episodes"] if rows else 0,
             "episodes_per_s": sum(rates) / len(rates) if rates else None,
+            "learner_busy": rows[-1].get("learner_busy") if rows else None,
+            "rollout_idle": rows[-1].get("rollout_idle") if rows else None,
+            "staleness_hist": rows[-1].get("staleness_total") if rows else {},
+            "rejected_episodes": rows[-1].get("rejected_episodes") if rows else 0,
             "evaluations": self.evaluations,
         }
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -1,16 +1,62 @@
-"""From a training batch (an Arrow table of agent-turns) to one policy-gradient update."""
+"""From a training batch (an Arrow table of agent-turns) to one policy-gradient update.
+
+``Objective`` names the advantage estimator and the loss (pure functions in ``algos/``) and their
+settings; ``policy_gradient_step`` computes returns, advantages and the loss, and steps the optimizer.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from algos.advantages import seat_baseline_advantages
-from algos.losses import kl_penalty, ppo_clip_loss, token_logprobs
+from algos.advantages import discounted_returns, grpo_advantages, rae_advantages, rebn_advantages
+from algos.losses import (decoupled_ppo_loss, entropy_bonus, kl_penalty, ppo_clip_loss, reinforce_loss,
+                          token_logprobs, truncated_is_loss)
 from streams.schema import Columns
+
+LOSSES = ("decoupled_ppo", "ppo", "truncated_is", "reinforce")
+ADVANTAGES = ("rae", "grpo", "grpo_mean", "rebn")
+
+
+@dataclass
+class Objective:
+    """What the learner optimises. Defaults: RAE advantages with the decoupled PPO loss (self-play)."""
+
+    loss: str = "decoupled_ppo"  # decoupled_ppo | ppo (clip on pi/mu: "naive" off-policy PPO) | truncated_is | reinforce
+    advantage: str = "rae"  # rae | grpo (mean and std per role) | grpo_mean (mean only) | rebn (whole batch)
+    gamma: float = 1.0  # per-turn discount of returns within an agent's turns
+    clip_eps: float = 0.2
+    weight_range: tuple[float, float] = (0.0, 5.0)  # decoupled PPO: allowed pi_prox / mu
+    out_of_range: str = "mask"  # decoupled PPO: mask or clamp weights outside weight_range
+    tis_cap: float = 2.0  # truncated IS: cap on pi / mu
+    rae_decay: float = 0.95  # RAE: EMA decay of each role's baseline
+    kl_coef: float = 0.0  # > 0: KL penalty towards a reference policy
+    entropy_coef: float = 0.0  # > 0: entropy bonus
+    max_grad_norm: float = 1.0
+    minibatches: int = 1  # optimizer steps per batch; > 1 recomputes pi_prox before the first
+
+    def __post_init__(self):
+        if self.loss not in LOSSES:
+            raise ValueError(f"unknown loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(f"unknown advantage estimator {self.advantage!r}; choose one of {', '.join(ADVANTAGES)}")
+        if self.minibatches < 1:
+            raise ValueError(f"minibatches must be >= 1, not {self.minibatches}")
+        self.weight_range = tuple(self.weight_range)
+
+
+@dataclass
+class TrainerState:
+    """What the objective carries from batch to batch: stable role ids and their RAE baselines."""
+
+    role_ids: dict[tuple, int] = field(default_factory=dict)
+    baselines: dict[int, float] = field(default_factory=dict)
+
+    def roles(self, keys: list[tuple]) -> torch.Tensor:
+        return torch.tensor([self.role_ids.setdefault(key, len(self.role_ids)) for key in keys], dtype=torch.int64)
 
 
 @dataclass
@@ -22,9 +68,18 @@ class TokenBatch:
     action_mask: torch.Tensor  # [N, T], True where the token is an action token (predicted at t-1)
     behaviour_logprobs: torch.Tensor  # [N, T], zero outside action tokens
     versions: torch.Tensor  # [N, T], -1 outside action tokens
-    returns: torch.Tensor  # [N]
+    rewards: torch.Tensor  # [N], this turn's reward
+    returns: torch.Tensor  # [N], the agent's episode return
     seats: torch.Tensor  # [N]
-    groups: torch.Tensor  # [N], one id per (matchup, seat): the baseline groups
+    turns: torch.Tensor  # [N]
+    segments: torch.Tensor  # [N], one id per (episode, seat): the turns that share a return
+    role_keys: list[tuple]  # [N], (env, matchup, seat): whose baseline a row shares
+
+    def rows(self, index: torch.Tensor) -> TokenBatch:
+        """The rows ``index`` of this batch (for minibatches)."""
+        picked = {name: value[index] if isinstance(value, torch.Tensor) else [value[i] for i in index.tolist()]
+                  for name, value in vars(self).items()}
+        return TokenBatch(**picked)
 
 
 def collate(table: pa.Table, pad_id: int) -> TokenBatch:
@@ -44,56 +99,104 @@ def collate(table: pa.Table, pad_id: int) -> TokenBatch:
         behaviour[i, len(p) : end] = logprobs[i]
         token_versions[i, len(p) : end] = versions[i]
     lengths = np.array([len(p) + len(a) for p, a in zip(prompts, actions)])
+    seats = table.column(Columns.AGENT).to_pylist()
+    episodes = table.column(Columns.EPISODE_ID).to_pylist()
+    segment_ids: dict[tuple, int] = {}
     return TokenBatch(
         input_ids=torch.from_numpy(ids),
         attention_mask=torch.from_numpy((np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)),
         action_mask=torch.from_numpy(action_mask),
         behaviour_logprobs=torch.from_numpy(behaviour),
         versions=torch.from_numpy(token_versions),
+        rewards=torch.tensor(table.column(Columns.REWARD).to_numpy(), dtype=torch.float32),
         returns=torch.tensor(table.column(Columns.EPISODE_RETURN).to_numpy(), dtype=torch.float32),
-        seats=torch.tensor(table.column(Columns.AGENT).to_numpy(), dtype=torch.int64),
-        groups=_baseline_groups(table),
+        seats=torch.tensor(seats, dtype=torch.int64),
+        turns=torch.tensor(table.column(Columns.TURN).to_numpy(), dtype=torch.int64),
+        segments=torch.tensor([segment_ids.setdefault(k, len(segment_ids)) for k in zip(episodes, seats)]),
+        role_keys=list(zip(table.column(Columns.ENV_NAME).to_pylist(), table.column(Columns.MATCHUP).to_pylist(),
+                           seats)),
     )
 
 
-def _baseline_groups(table: pa.Table) -> torch.Tensor:
-    keys = list(zip(table.column(Columns.MATCHUP).to_pylist(), table.column(Columns.AGENT).to_pylist()))
-    ids = {key: i for i, key in enumerate(sorted(set(keys)))}
-    return torch.tensor([ids[key] for key in keys], dtype=torch.int64)
+def action_logits(model, batch: TokenBatch) -> torch.Tensor:
+    """[N, T-1, V]: position t predicts token t+1."""
+    return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
 
 
 def action_logprobs(model, batch: TokenBatch, temperature: float) -> torch.Tensor:
-    """[N, T-1] log-probs of every next token; position t predicts token t+1."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    return token_logprobs(logits[:, :-1], batch.input_ids[:, 1:], temperature)
+    """[N, T-1] log-probs of every next token."""
+    return token_logprobs(action_logits(model, batch), batch.input_ids[:, 1:], temperature)
 
 
-def policy_gradient_step(model, optimizer, batch: TokenBatch, *, temperature: float, clip_eps: float,
-                         max_grad_norm: float, reference=None, kl_coef: float = 0.0) -> dict:
-    """One PPO-clip update with a per-seat baseline; the behaviour log-probs are the old policy.
+def advantages_of(objective: Objective, state: TrainerState, batch: TokenBatch) -> tuple[torch.Tensor, dict]:
+    """One advantage per row, from per-turn discounted returns and the objective's estimator."""
+    returns = discounted_returns(batch.rewards, batch.segments, batch.turns, objective.gamma)
+    roles = state.roles(batch.role_keys)
+    if objective.advantage == "rae":
+        advantages, stats = rae_advantages(returns, roles, state.baselines, objective.rae_decay)
+        state.baselines = stats.pop("baselines")
+    elif objective.advantage == "rebn":
+        advantages, stats = rebn_advantages(returns)
+    else:
+        advantages, stats = grpo_advantages(returns, roles, scale_by_std=objective.advantage == "grpo")
+    return advantages, stats
 
-    With a ``reference`` model and ``kl_coef`` > 0, a KL penalty towards the reference is added.
+
+def _loss(objective: Objective, logprobs, proximal, behaviour, advantages, mask):
+    if objective.loss == "decoupled_ppo":
+        return decoupled_ppo_loss(logprobs, proximal, behaviour, advantages, mask, objective.clip_eps,
+                                  objective.weight_range, objective.out_of_range)
+    if objective.loss == "ppo":
+        return ppo_clip_loss(logprobs, behaviour, advantages, mask, objective.clip_eps)
+    if objective.loss == "truncated_is":
+        return truncated_is_loss(logprobs, behaviour, advantages, mask, objective.tis_cap)
+    return reinforce_loss(logprobs, advantages, mask)
+
+
+def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objective, state: TrainerState, *,
+                         temperature: float, reference=None, generator: torch.Generator | None = None) -> dict:
+    """One update of ``model`` on ``batch``: ``objective.minibatches`` optimizer steps over shuffled rows.
+
+    The proximal policy pi_prox is the model as it is before the first step. With one minibatch its
+    log-probs are the current ones, detached (the same numbers a second forward pass would give); with
+    more, they are computed once, up front, for every row.
     """
-    advantages, _ = seat_baseline_advantages(batch.returns, batch.groups)
-    seats = batch.seats.unique().tolist()
-    adv_stats = {f"return_seat{s}": batch.returns[batch.seats == s].mean().item() for s in seats}
-    model.train()
-    logprobs = action_logprobs(model, batch, temperature)
-    mask = batch.action_mask[:, 1:]  # everything that describes targets shifts by one, too
-    loss, stats = ppo_clip_loss(logprobs, batch.behaviour_logprobs[:, 1:],
-                                advantages[:, None].expand_as(logprobs), mask, clip_eps)
-    if reference is not None and kl_coef > 0:
+    advantages, stats = advantages_of(objective, state, batch)
+    seat_returns = {f"return_seat{s}": batch.returns[batch.seats == s].mean().item() for s in batch.seats.unique().tolist()}
+    proximal_all = None
+    if objective.minibatches > 1:
         with torch.no_grad():
-            ref_logprobs = action_logprobs(reference, batch, temperature)
-        kl, kl_stats = kl_penalty(logprobs, ref_logprobs, mask)
-        loss = loss + kl_coef * kl
-        stats.update(kl_stats)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
+            proximal_all = action_logprobs(model, batch, temperature)
+    order = torch.randperm(batch.input_ids.shape[0], generator=generator)
+    model.train()
+    step_stats: list[dict] = []
+    gaps, tokens = [], 0
+    for index in torch.chunk(order, objective.minibatches):
+        mb = batch.rows(index)
+        logits = action_logits(model, mb)
+        logprobs = token_logprobs(logits, mb.input_ids[:, 1:], temperature)
+        proximal = proximal_all[index] if proximal_all is not None else logprobs.detach()
+        mask = mb.action_mask[:, 1:]  # everything that describes targets shifts by one, too
+        behaviour = mb.behaviour_logprobs[:, 1:]
+        loss, s = _loss(objective, logprobs, proximal, behaviour, advantages[index][:, None].expand_as(logprobs), mask)
+        if objective.entropy_coef > 0:
+            entropy, e = entropy_bonus(logits, mask, temperature)
+            loss = loss - objective.entropy_coef * entropy
+            s.update(e)
+        if reference is not None and objective.kl_coef > 0:
+            with torch.no_grad():
+                ref_logprobs = action_logprobs(reference, mb, temperature)
+            kl, k = kl_penalty(logprobs, ref_logprobs, mask)
+            loss = loss + objective.kl_coef * kl
+            s.update(k)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        s["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), objective.max_grad_norm))
+        optimizer.step()
+        step_stats.append(s)
+        gaps.append(((proximal - behaviour).abs() * mask).sum())
+        tokens += int(mask.sum())
     model.eval()
-    with torch.no_grad():
-        gap = ((logprobs - batch.behaviour_logprobs[:, 1:]).abs() * mask).sum() / mask.sum().clamp(min=1)
-    return {**stats, **adv_stats, "grad_norm": float(grad_norm), "logprob_gap": float(gap),
-            "tokens": int(mask.sum()), "rows": int(batch.input_ids.shape[0])}
+    merged = {key: sum(s[key] for s in step_stats) / len(step_stats) for key in step_stats[0]}
+    return {**stats, **merged, **seat_returns, "logprob_gap": float(sum(gaps) / max(tokens, 1)),
+            "tokens": tokens, "rows": int(batch.input_ids.shape[0])}

@@ -1,28 +1,95 @@
-"""Advantage estimators: pure functions over tensors."""
+"""Advantage estimators and returns: pure functions over tensors that return ``(advantages, stats)``.
+
+Each estimator takes one return per row (an agent-turn) and whatever grouping it needs as arguments.
+A "group" or "role" key is an integer id per row; the trainer decides what it means (for games, one id
+per (environment, matchup, seat), so that seats of different strength, and games against different
+opponents, never share a baseline).
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
-def seat_baseline_advantages(returns: torch.Tensor, seats: torch.Tensor, normalize: bool = True, eps: float = 1e-6):
-    """Advantage = return minus the mean return of the same seat in the batch.
+def discounted_returns(rewards: torch.Tensor, segments: torch.Tensor, turns: torch.Tensor,
+                       gamma: float = 1.0) -> torch.Tensor:
+    """Per-turn returns G_t = r_t + gamma * G_{t+1}, within each segment (an agent's turns in one episode).
 
-    A per-seat baseline matters in games where seats differ in strength (in TicTacToe the first mover
-    wins far more often): one shared baseline would push the first seat up and the second down whatever
-    they played. A "seat" here is any integer group: the trainer uses one per (matchup, seat), so games
-    against different opponents do not share a baseline either. With ``normalize`` each group's
-    advantages are also divided by that group's std.
-    returns, seats: [N] (one entry per agent-turn or per episode-seat).
+    rewards, segments, turns: [N]; rows may come in any order, ``turns`` orders them inside a segment.
+    With gamma = 1 and the outcome credited to an agent's last turn, every turn gets the episode return.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must lie in [0, 1], not {gamma}")
+    order = np.lexsort((turns.numpy(), segments.numpy()))  # by segment, then turn
+    r, seg = rewards.double().numpy()[order], segments.numpy()[order]
+    out = np.zeros_like(r)
+    running = 0.0
+    for i in range(len(order) - 1, -1, -1):
+        if i == len(order) - 1 or seg[i + 1] != seg[i]:
+            running = 0.0
+        running = r[i] + gamma * running
+        out[i] = running
+    returns = torch.empty(len(order), dtype=torch.float32)
+    returns[torch.from_numpy(order)] = torch.from_numpy(out).float()
+    return returns
+
+
+def grpo_advantages(returns: torch.Tensor, groups: torch.Tensor, scale_by_std: bool = True,
+                    eps: float = 1e-6):
+    """Group-normalised advantages (GRPO, Shao et al. 2024, eq. 3 for outcome rewards).
+
+    A_i = (R_i - mean_g R) / (std_g R + eps) over the rows of the same group g. ``scale_by_std=False``
+    keeps only the mean subtraction (Dr. GRPO, Liu et al. 2025: the std division over-weights groups whose
+    returns barely differ). A group of one row gets advantage 0.
     """
     advantages = torch.zeros_like(returns, dtype=torch.float32)
     stats = {}
-    for seat in seats.unique().tolist():
-        sel = seats == seat
+    for group in groups.unique().tolist():
+        sel = groups == group
         r = returns[sel].float()
         adv = r - r.mean()
-        if normalize and r.numel() > 1:
+        if scale_by_std and r.numel() > 1:
             adv = adv / (r.std() + eps)
         advantages[sel] = adv
-        stats[f"return_seat{seat}"] = r.mean().item()
+        stats[f"return_group{group}"] = r.mean().item()
+    return advantages, stats
+
+
+def rebn_advantages(returns: torch.Tensor, eps: float = 1e-6):
+    """Return batch normalisation (ReBN; GEM, Liu et al. 2025): A_i = (R_i - mean R) / (std R + eps).
+
+    One baseline for the whole batch; with per-turn discounted returns this is GEM's multi-turn estimator.
+    """
+    r = returns.float()
+    std = r.std() if r.numel() > 1 else torch.tensor(0.0)
+    advantages = (r - r.mean()) / (std + eps)
+    return advantages, {"return_mean": r.mean().item(), "return_std": float(std)}
+
+
+def rae_advantages(returns: torch.Tensor, roles: torch.Tensor, baselines: dict[int, float], decay: float = 0.95):
+    """Role-conditioned advantage estimation (RAE; SPIRAL, Liu et al. 2025, sec. 3.3).
+
+    Each role (for self-play: one (game, seat) pair) keeps an exponential moving average of its returns,
+    b_role <- decay * b_role + (1 - decay) * mean(R of the role in this batch), and A_i = R_i - b_role(i),
+    with the baseline updated first. A role seen for the first time starts at its batch mean. In a zero-sum
+    game seen from both seats, this removes each seat's own expected outcome (the first mover's edge in
+    TicTacToe), which one shared baseline would turn into a push on one seat and a pull on the other.
+
+    ``baselines`` maps role id -> baseline and is not modified; the updated map is returned in the stats
+    under ``"baselines"``, for the caller to keep.
+    """
+    if not 0.0 <= decay < 1.0:
+        raise ValueError(f"decay must lie in [0, 1), not {decay}")
+    advantages = torch.zeros_like(returns, dtype=torch.float32)
+    updated = dict(baselines)
+    stats = {}
+    for role in roles.unique().tolist():
+        sel = roles == role
+        batch_mean = returns[sel].float().mean().item()
+        previous = updated.get(role, batch_mean)
+        updated[role] = decay * previous + (1.0 - decay) * batch_mean
+        advantages[sel] = returns[sel].float() - updated[role]
+        stats[f"baseline_role{role}"] = updated[role]
+    stats["baselines"] = updated
     return advantages, stats

@@ -1,4 +1,11 @@
-"""Losses: pure functions over tensors that return ``(loss, stats)``."""
+"""Losses: pure functions over tensors that return ``(loss, stats)``.
+
+Shapes: every per-token tensor is [B, T] and ``mask`` marks the action tokens that count; a masked
+token contributes nothing to the loss or its gradient. Log-probs are of the sampled tokens:
+``logprobs`` under the policy being trained (pi_theta, with gradient), ``behaviour_logprobs`` recorded by
+the engine that sampled them (mu), ``proximal_logprobs`` recomputed by the learner before the update
+(pi_prox, no gradient). Advantages are already broadcast to tokens.
+"""
 
 from __future__ import annotations
 
@@ -65,3 +72,98 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.T
     delta = ref_logprobs - logprobs
     kl = masked_mean(torch.exp(delta) - delta - 1.0, mask)
     return kl, {"kl_ref": kl.item()}
+
+
+def reinforce_loss(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor):
+    """REINFORCE (Williams 1992): L = -E_t[A_t log pi_theta(a_t)]; on-policy, no correction."""
+    loss = -masked_mean(advantages * logprobs, mask)
+    return loss, {"pg_loss": loss.item()}
+
+
+def decoupled_ppo_loss(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    weight_range: tuple[float, float] = (0.0, 5.0),
+    out_of_range: str = "mask",
+):
+    """Decoupled PPO (Hilton et al. 2022; AReaL, Fu et al. 2025, eq. 5), for data from stale policies.
+
+    L = -E_t[w_t min(r_t A_t, clip(r_t, 1-eps, 1+eps) A_t)],  r_t = pi_theta / pi_prox,  w_t = pi_prox / mu.
+    The trust region is centred on the proximal policy (the learner's weights before this update), not on
+    the behaviour policy that sampled the tokens, which may be several versions old; w_t corrects for that
+    gap. Weights outside ``weight_range`` are either dropped from the loss (``"mask"``, as AReaL does with
+    its cap) or clamped into it (``"clamp"``). With mu = pi_prox, w = 1 and this is ``ppo_clip_loss``.
+    """
+    if out_of_range not in ("mask", "clamp"):
+        raise ValueError(f"out_of_range must be 'mask' or 'clamp', not {out_of_range!r}")
+    low, high = weight_range
+    if not 0.0 <= low < high:
+        raise ValueError(f"weight_range must satisfy 0 <= low < high, not {weight_range}")
+    with torch.no_grad():
+        weights = torch.exp(proximal_logprobs - behaviour_logprobs)
+        outside = ((weights < low) | (weights > high)) & mask.bool()
+        if out_of_range == "mask":
+            kept = mask.bool() & ~outside
+            weights = torch.where(kept, weights, torch.zeros_like(weights))
+        else:
+            kept = mask.bool()
+            weights = weights.clamp(low, high)
+    ratio = torch.exp(logprobs - proximal_logprobs)
+    surrogate = torch.minimum(ratio * advantages, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages)
+    # Averaged over every action token of the batch, kept or not: a masked token weighs zero, as in AReaL.
+    loss = -masked_mean(weights * surrogate, mask)
+    with torch.no_grad():
+        clip_fraction = masked_mean(((ratio - 1.0).abs() > clip_eps).float(), kept)
+        tokens = mask.sum().clamp(min=1)
+        stats = {
+            "pg_loss": loss.item(),
+            "clip_fraction": clip_fraction.item(),
+            "approx_kl": masked_mean(proximal_logprobs - logprobs, kept).item(),
+            "is_weight_mean": masked_mean(weights, kept).item(),
+            "is_weight_max": float(weights[kept].max()) if kept.any() else 0.0,
+            "is_outside_share": float(outside.sum() / tokens),  # masked or clamped
+        }
+    return loss, stats
+
+
+def truncated_is_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float = 2.0,
+):
+    """Policy gradient with truncated importance sampling (IMPALA's rho-bar, Espeholt et al. 2018).
+
+    L = -E_t[min(rho_t, cap) A_t log pi_theta(a_t)],  rho_t = pi_theta / mu (no gradient through rho).
+    Truncation bounds the variance that a few very unlikely behaviour tokens would otherwise bring.
+    """
+    if cap <= 0:
+        raise ValueError(f"cap must be positive, not {cap}")
+    with torch.no_grad():
+        rho = torch.exp(logprobs - behaviour_logprobs)
+        weights = rho.clamp(max=cap)
+    loss = -masked_mean(weights * advantages * logprobs, mask)
+    with torch.no_grad():
+        stats = {
+            "pg_loss": loss.item(),
+            "is_weight_mean": masked_mean(weights, mask).item(),
+            "is_outside_share": masked_mean((rho > cap).float(), mask).item(),  # truncated
+            "approx_kl": masked_mean(behaviour_logprobs - logprobs, mask).item(),
+        }
+    return loss, stats
+
+
+def entropy_bonus(logits: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0):
+    """Mean entropy of the sampling distribution at the masked positions; subtract coef * it from the loss.
+
+    logits [B, T, V], mask [B, T].
+    """
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    value = masked_mean(entropy, mask)
+    return value, {"entropy": value.item()}

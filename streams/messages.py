@@ -34,7 +34,11 @@ def _fields(body, names: tuple[str, ...], what: str) -> dict:
 
 @dataclass
 class GenerationRequest:
-    """Sample a continuation of ``prompt_ids`` with policy ``policy_id``; reply to ``reply_to``."""
+    """Sample a continuation of ``prompt_ids`` with policy ``policy_id``; reply to ``reply_to``.
+
+    ``min_version``: the rollout actor must not sample with weights older than this (the env actor sets
+    the learner version it knows of, so no token is older than what admission assumed).
+    """
 
     request_id: int
     reply_to: str
@@ -42,12 +46,13 @@ class GenerationRequest:
     prompt_ids: list[int]
     temperature: float = 1.0
     max_tokens: int = 16
+    min_version: int = 0
 
-    NAMES = ("id", "reply_to", "policy", "prompt", "temperature", "max_tokens")
+    NAMES = ("id", "reply_to", "policy", "prompt", "temperature", "max_tokens", "min_version")
 
     def to_body(self) -> bytes:
         values = (self.request_id, self.reply_to, self.policy_id, _ints(self.prompt_ids),
-                  self.temperature, self.max_tokens)
+                  self.temperature, self.max_tokens, self.min_version)
         return pack(dict(zip(self.NAMES, values)))
 
     @classmethod
@@ -56,7 +61,8 @@ class GenerationRequest:
         prompt = np.frombuffer(f["prompt"], dtype="<i4").tolist()
         if not prompt:
             raise FrameError("generation request with an empty prompt")
-        return cls(f["id"], f["reply_to"], f["policy"], prompt, float(f["temperature"]), int(f["max_tokens"]))
+        return cls(f["id"], f["reply_to"], f["policy"], prompt, float(f["temperature"]), int(f["max_tokens"]),
+                   int(f["min_version"]))
 
 
 @dataclass

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from algos.advantages import seat_baseline_advantages
+from algos.advantages import grpo_advantages
 from algos.losses import kl_penalty, ppo_clip_loss, sft_loss, token_logprobs
 
 
@@ -49,13 +49,13 @@ def test_sft_loss_counts_only_target_positions():
     assert math.isclose(loss.item(), math.log(4), rel_tol=1e-6) and stats["tokens"] == 1
 
 
-def test_seat_baseline_removes_each_seats_mean():
+def test_group_baseline_removes_each_groups_mean():
     returns = torch.tensor([1.0, 1.0, -1.0, 0.0, 0.0, 1.0])
     seats = torch.tensor([0, 0, 0, 1, 1, 1])
-    adv, stats = seat_baseline_advantages(returns, seats, normalize=False)
+    adv, stats = grpo_advantages(returns, seats, scale_by_std=False)
     assert torch.allclose(adv, torch.tensor([2 / 3, 2 / 3, -4 / 3, -1 / 3, -1 / 3, 2 / 3]))
-    assert math.isclose(stats["return_seat0"], 1 / 3, rel_tol=1e-6)
-    normed, _ = seat_baseline_advantages(returns, seats)
+    assert math.isclose(stats["return_group0"], 1 / 3, rel_tol=1e-6)
+    normed, _ = grpo_advantages(returns, seats)
     assert torch.allclose(normed[seats == 1].std(), torch.tensor(1.0), atol=1e-4)
 
 

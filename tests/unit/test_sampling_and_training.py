@@ -1,12 +1,14 @@
 """The sampler's log-probs must be what the learner recomputes; collate must align them with the tokens."""
 
+import math
+
 import pyarrow as pa
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.sampling import sample
-from actors.training import collate, policy_gradient_step
+from actors.training import Objective, TrainerState, collate, policy_gradient_step
 from actors.weights import load_weights, weights_to_bytes
 from algos.losses import token_logprobs
 from streams.schema import Columns, trajectory_table
@@ -90,7 +92,8 @@ def test_a_step_moves_probability_towards_positive_advantage(model_and_tokenizer
     batch = collate(trajectory_table(rows), tok.pad_token_id)
     before = weights_to_bytes(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    stats = policy_gradient_step(model, optimizer, batch, temperature=1.0, clip_eps=0.2, max_grad_norm=1.0)
+    objective = Objective(loss="ppo", advantage="grpo")
+    stats = policy_gradient_step(model, optimizer, batch, objective, TrainerState(), temperature=1.0)
     assert stats["tokens"] == int(batch.action_mask.sum()) and stats["logprob_gap"] < 1e-4
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
@@ -118,5 +121,64 @@ def test_baselines_are_kept_per_matchup_and_seat(model_and_tokenizer):
     s = sample(model, [p], eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=4)[0]
     rows = [row(p, s, seat=0), row(p, s, seat=1), row(p, s, seat=0, matchup="main,random"),
             row(p, s, seat=0, matchup="main,random")]
-    groups = collate(trajectory_table(rows), tok.pad_token_id).groups.tolist()
+    state = TrainerState()
+    groups = state.roles(collate(trajectory_table(rows), tok.pad_token_id).role_keys).tolist()
     assert groups[2] == groups[3] and len({groups[0], groups[1], groups[2]}) == 3
+    # ids are stable from batch to batch (RAE's baselines are kept by them)
+    again = state.roles(collate(trajectory_table(rows[::-1]), tok.pad_token_id).role_keys).tolist()
+    assert again == groups[::-1]
+
+
+def test_generation_switches_weights_between_tokens_and_says_so(model_and_tokenizer, tiny_model_dir):
+    """Interruptible generation: after the swap, tokens and log-probs come from the new weights."""
+    _, tok = model_and_tokenizer
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    new = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn_like(p) * 0.05, alpha=1.0)
+    new_weights = weights_to_bytes(new)
+    calls = []
+
+    def swap():  # new weights arrive after the second token
+        calls.append(1)
+        if len(calls) == 2:
+            load_weights(model, new_weights)
+            return 8
+        return None
+
+    ps = prompts(tok)
+    samples = sample(model, ps, eos_id=-1, pad_id=tok.pad_token_id, max_new_tokens=5, version=7,
+                     swap_weights=swap, generator=torch.Generator().manual_seed(3))
+    for prompt, s in zip(ps, samples):
+        assert s.versions == [7, 7, 8, 8, 8]
+        with torch.no_grad():
+            logits = new(input_ids=torch.tensor([prompt + s.tokens])).logits[0, len(prompt) - 1 : -1]
+        expected = token_logprobs(logits, torch.tensor(s.tokens))
+        assert torch.allclose(torch.tensor(s.logprobs[2:]), expected[2:], atol=1e-4)
+        assert not torch.allclose(torch.tensor(s.logprobs[:2]), expected[:2], atol=1e-4)
+
+
+def test_objective_names_are_checked():
+    with pytest.raises(ValueError, match="unknown loss 'ppo2'"):
+        Objective(loss="ppo2")
+    with pytest.raises(ValueError, match="unknown advantage"):
+        Objective(advantage="gae")
+
+
+@pytest.mark.parametrize("loss", ["decoupled_ppo", "truncated_is", "reinforce"])
+def test_every_loss_trains_with_minibatches(model_and_tokenizer, tiny_model_dir, loss):
+    _, tok = model_and_tokenizer
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    p0, p1 = prompts(tok)[:2]
+    samples = sample(model, [p0, p0, p1, p1], eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=4,
+                     generator=torch.Generator().manual_seed(4))
+    rows = [row(p, s, seat=i % 2, ret=r, episode=f"e{i}") for i, (p, s, r) in
+            enumerate(zip([p0, p0, p1, p1], samples, [1.0, -1.0, 1.0, 0.0]))]
+    batch = collate(trajectory_table(rows), tok.pad_token_id)
+    objective = Objective(loss=loss, advantage="rae", minibatches=2, entropy_coef=0.01)
+    state = TrainerState()
+    stats = policy_gradient_step(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, objective, state,
+                                 temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert stats["tokens"] == int(batch.action_mask.sum()) and math.isfinite(stats["pg_loss"])
+    assert stats["entropy"] > 0 and len(state.baselines) == 2

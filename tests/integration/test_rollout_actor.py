@@ -1,0 +1,48 @@
+"""The rollout actor on its own, over in-memory streams: it never samples with weights older than asked."""
+
+import torch
+import trio
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from actors.endpoints import Inbox, Outbox
+from actors.rollout import RolloutActor, RolloutConfig
+from actors.weights import weights_to_bytes
+from streams.channels import MemoryTransport
+from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest, Weights
+from streams.wire import Kind
+
+
+def test_a_request_waits_for_the_weights_of_its_min_version(tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    newer = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        newer.lm_head.weight.mul_(0.5)
+    tensors = weights_to_bytes(newer)
+    prompt = tokenizer("TicTacToe. You are X.\n1|2|3\n4|5|6\n7|8|9\nMove:")["input_ids"]
+    seen = {}
+
+    async def main():
+        transport = MemoryTransport()
+        rollout = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir)))
+        async with transport.open_publisher() as publisher, transport.open_receiver() as completions, \
+                trio.open_nursery() as nursery:
+            addresses = await nursery.start(rollout.run, transport, {"weights": [publisher.address]})
+            weights = Outbox(publisher, Kind.WEIGHTS, "learner", topic=WEIGHTS_TOPIC + b"main")
+            replies = Inbox(completions, Kind.COMPLETION, Completion.from_body)
+            async with transport.open_sender([addresses["requests"]]) as requests:
+                out = Outbox(requests, Kind.GENERATE, "env")
+                await out.send(GenerationRequest(1, completions.address, "main", prompt, 1.0, 4, 0).to_body())
+                seen["v0"] = await replies.receive()
+                await out.send(GenerationRequest(2, completions.address, "main", prompt, 1.0, 4, 1).to_body())
+                while rollout.statistics()["version_waits"] == 0:  # progress poll: the request is held
+                    await trio.sleep(0.01)
+                seen["held_at"] = rollout.statistics()["version"]
+                await weights.send(Weights("main", 1, tensors).to_body())
+                seen["v1"] = await replies.receive()
+            seen["stats"] = rollout.statistics()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert set(seen["v0"].versions) == {0} and seen["held_at"] == 0
+    assert seen["v1"].request_id == 2 and set(seen["v1"].versions) == {1}
+    assert seen["stats"]["version"] == 1 and seen["stats"]["weights_applied"] == 1
