@@ -1,5 +1,10 @@
 """EnvActor: runs many live episodes, each a trio task, and asks rollout actors for the policy's moves.
 
+Any environment ``envs.make`` knows: n-player turn-based games, and single-agent multi-turn tasks (GEM's
+interface) seated as one-player games. A step may be a coroutine (a slow tool): the episode waits, the
+others go on. Invalid actions cost a penalty, a retry, then a forfeit (``envs.invalid``), all counted. An
+environment that raises loses its episode only: it is logged with its traceback and counted as errored.
+
 Training episodes seat the policy in every seat (mirror self-play; optionally a share of them against a
 fixed opponent) and go to the reward actor when they end. Admission keeps them fresh (AReaL's rule): a
 new training episode starts only while the episodes started but not yet consumed by the learner number
@@ -15,11 +20,12 @@ in ``statistics()["evaluations"]`` and never trained on.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -42,7 +48,10 @@ class EnvConfig:
     concurrency: int = 64  # live training episodes
     temperature: float = 1.0
     max_new_tokens: int = 8
-    invalid_penalty: float = -1.0
+    env_args: dict = field(default_factory=dict)  # the environment's own arguments, e.g. {"players": 4}
+    invalid_penalty: float = -1.0  # a forfeit: the mover's reward when it runs out of retries
+    max_retries: int = 0  # invalid actions a turn may retry (each costs retry_penalty) before the forfeit
+    retry_penalty: float = -0.1
     max_staleness: int = 2  # eta: how many versions behind the learner a started episode may fall
     batch_episodes: int = 64  # the learner's batch size B, for admission
     admission_slot: tuple[int, int] = (0, 1)  # (i, n): this actor is i of n sharing the admission allowance
@@ -58,11 +67,11 @@ class EnvActor:
         self._rng = random.Random(cfg.seed)
         self._waiting: dict[int, tuple[trio.Event, list]] = {}
         self._evaluations: dict[str, EvaluationTally] = {}
-        self._stats = {"episodes": 0, "turns": 0, "invalid_actions": 0, "errored": 0, "truncated_actions": 0,
-                       "admission_waits": 0}
+        self._stats = {"episodes": 0, "turns": 0, "invalid_actions": 0, "forfeits": 0, "errored": 0,
+                       "truncated_actions": 0, "admission_waits": 0}
         self._started = 0  # training episodes started and not dropped
         self.learner_version = 0
-        self._return_sums = [0.0] * make(cfg.env_name).num_players
+        self._return_sums = [0.0] * self._make_game().num_players  # also checks env_name and env_args now
         self._nursery = None
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -179,46 +188,61 @@ class EnvActor:
                 nursery.start_soon(one, seats)
         tally.finish()
 
+    def _make_game(self):
+        cfg = self.cfg
+        return make(cfg.env_name, invalid_penalty=cfg.invalid_penalty, max_retries=cfg.max_retries,
+                     retry_penalty=cfg.retry_penalty, **cfg.env_args)
+
     async def _play(self, seats: list[str], seed: int) -> tuple[list[dict], list[float]] | None:
         """One episode: the policy's agent-turn rows and every seat's return (None: the environment raised)."""
-        game = make(self.cfg.env_name, invalid_penalty=self.cfg.invalid_penalty)
+        episode_id = f"{self.name}-{next(self._ids)}"
+        try:
+            return await self._play_episode(episode_id, seats, seed)
+        except Exception:  # the environment's (or an opponent's) bug costs this episode only
+            log.exception("environment %s raised in episode %s; the episode is dropped", self.cfg.env_name,
+                          episode_id)
+            self._stats["errored"] += 1
+            return None
+
+    async def _play_episode(self, episode_id: str, seats: list[str], seed: int) -> tuple[list[dict], list[float]]:
+        game = self._make_game()
         game.reset(seed)
         opponents = {s: make_opponent(name, seed=seed + s) for s, name in enumerate(seats) if name != POLICY}
         episode = {  # what every row of this episode shares
-            Columns.EPISODE_ID: f"{self.name}-{next(self._ids)}", Columns.ENV_NAME: self.cfg.env_name,
+            Columns.EPISODE_ID: episode_id, Columns.ENV_NAME: self.cfg.env_name,
             Columns.SEED: seed, Columns.POLICY_ID: self.cfg.policy_id, Columns.CREATED_AT: time.time(),
             Columns.MATCHUP: ",".join(self.cfg.policy_id if name == POLICY else name for name in seats),
         }
-        rows, returns = [], [0.0] * game.num_players
+        credit = RewardCredit(game.num_players)
         for turn in itertools.count():
             seat = game.current_player
             if seat in opponents:
                 text = opponents[seat].act(game)
             else:
                 turn_columns = {**episode, Columns.TURN: turn, Columns.AGENT: seat}
-                row = await self._policy_turn(game.observation(seat), turn_columns)
-                rows.append(row)
+                row = await self._policy_turn(game.observation(seat), turn_columns,
+                                                getattr(game, "max_tokens", None))
+                credit.add_row(row)
                 text = row[Columns.ACTION_TEXT]
-            try:
-                result = game.step(text)
-            except Exception:
-                log.exception("environment %s raised in episode %s; the episode is dropped", game.name,
-                              episode[Columns.EPISODE_ID])
-                self._stats["errored"] += 1
-                return None
-            returns = [r + d for r, d in zip(returns, result.rewards)]
+            result = game.step(text)
+            if inspect.isawaitable(result):
+                result = await result
+            credit.add_rewards(result.rewards)
             if seat not in opponents:
-                rows[-1][Columns.INVALID_ACTION] = result.invalid
+                credit.rows[-1][Columns.INVALID_ACTION] = result.invalid
                 self._stats["invalid_actions"] += result.invalid
+                self._stats["forfeits"] += "forfeit" in result.info
             if result.terminated or result.truncated:
                 break
-        self._finish(rows, returns, result)
-        return rows, returns
+        credit.finish(result)
+        self._stats["episodes"] += 1
+        self._return_sums = [total + r for total, r in zip(self._return_sums, credit.returns)]
+        return credit.rows, credit.returns
 
-    async def _policy_turn(self, prompt: str, row: dict) -> dict:
+    async def _policy_turn(self, prompt: str, row: dict, max_tokens: int | None = None) -> dict:
         """Ask the policy for a move; ``row`` holds the episode's and the turn's columns so far."""
         prompt_ids = self.tokenizer(prompt)["input_ids"]
-        completion = await self._generate(prompt_ids)
+        completion = await self._generate(prompt_ids, max_tokens or self.cfg.max_new_tokens)
         self._stats["turns"] += 1
         self._stats["truncated_actions"] += not completion.finished
         return {
@@ -230,23 +254,12 @@ class EnvActor:
             Columns.GENERATED_AT: time.time(), Columns.SCORED_AT: 0.0,
         }
 
-    def _finish(self, rows: list[dict], returns: list[float], result) -> None:
-        """Credit each seat's return to its last turn and mark how the episode ended."""
-        last_of_seat = {row[Columns.AGENT]: row for row in rows}
-        for row in rows:
-            row[Columns.EPISODE_RETURN] = returns[row[Columns.AGENT]]
-        for seat, row in last_of_seat.items():
-            row[Columns.REWARD] = returns[seat]
-            row[Columns.TERMINATED], row[Columns.TRUNCATED] = result.terminated, result.truncated
-        self._stats["episodes"] += 1
-        self._return_sums = [total + r for total, r in zip(self._return_sums, returns)]
-
-    async def _generate(self, prompt_ids: list[int]) -> Completion:
+    async def _generate(self, prompt_ids: list[int], max_tokens: int) -> Completion:
         request_id = next(self._ids)
         done, slot = trio.Event(), []
         self._waiting[request_id] = (done, slot)
         request = GenerationRequest(request_id, self._reply_to, self.cfg.policy_id, prompt_ids,
-                                    self.cfg.temperature, self.cfg.max_new_tokens, self.learner_version)
+                                    self.cfg.temperature, max_tokens, self.learner_version)
         try:
             await self._requests.send(request.to_body())
             await done.wait()
@@ -263,3 +276,38 @@ class EnvActor:
                 continue
             waiter[1].append(completion)
             waiter[0].set()
+
+
+class RewardCredit:
+    """The policy's rows of one episode, and each reward credited to the row of the seat's last action.
+
+    A reward a seat gets before it has acted goes to its first row. ``finish`` writes every row's
+    ``episode_return`` and marks each seat's last row with how the episode ended.
+    """
+
+    def __init__(self, num_players: int):
+        self.rows: list[dict] = []
+        self.returns = [0.0] * num_players
+        self._last: dict[int, dict] = {}
+        self._pending = [0.0] * num_players
+
+    def add_row(self, row: dict) -> None:
+        seat = row[Columns.AGENT]
+        row[Columns.REWARD] = self._pending[seat]
+        self._pending[seat] = 0.0
+        self._last[seat] = row
+        self.rows.append(row)
+
+    def add_rewards(self, rewards: list[float]) -> None:
+        for seat, reward in enumerate(rewards):
+            self.returns[seat] += reward
+            if seat in self._last:
+                self._last[seat][Columns.REWARD] += reward
+            else:
+                self._pending[seat] += reward
+
+    def finish(self, result) -> None:
+        for row in self.rows:
+            row[Columns.EPISODE_RETURN] = self.returns[row[Columns.AGENT]]
+        for row in self._last.values():
+            row[Columns.TERMINATED], row[Columns.TRUNCATED] = result.terminated, result.truncated

@@ -15,7 +15,8 @@ class EvaluationTally:
     def add(self, seat: int, returns: list[float], rows: list[dict]) -> None:
         counts = self.per_seat.setdefault(seat, {"games": 0, "wins": 0, "draws": 0, "losses": 0, "invalid": 0})
         counts["games"] += 1
-        mine, best_other = returns[seat], max(r for s, r in enumerate(returns) if s != seat)
+        # alone in the game (a single-agent task), a positive return is a win
+        mine, best_other = returns[seat], max((r for s, r in enumerate(returns) if s != seat), default=0.0)
         counts["wins" if mine > best_other else "losses" if mine < best_other else "draws"] += 1
         counts["invalid"] += any(row[Columns.INVALID_ACTION] for row in rows)
         self.versions += [v for row in rows for v in row[Columns.POLICY_VERSIONS]]

@@ -1,19 +1,28 @@
-"""The game interface every tidal environment speaks.
+"""The two interfaces tidal environments speak.
 
-A game is turn based and has ``num_players`` seats. The env actor asks whose turn it is, shows that seat
-its own observation (a prompt), and passes back the text the seat answered. Rewards are per seat and come
-when the game ends; an invalid action ends the game and is reported, never raised.
+``Env`` is the single-agent interface of GEM (and Gymnasium) with text actions: ``reset(seed) -> (observation,
+info)`` and ``step(action) -> (observation, reward, terminated, truncated, info)``. ``step`` may also be a
+coroutine function (a tool call that waits on I/O); the env actor awaits it.
+
+``Game`` is the turn-based interface for n players: whose turn it is (``current_player``), each player's own
+observation (private information stays private), per-player rewards in every ``StepResult``, the outcome in
+the last one's ``info``. The env actor plays both: a single-agent ``Env`` is seated as a one-player game by
+``envs.single_agent.SingleAgentGame``.
+
+An action a game cannot read, or one its rules forbid, is reported as ``StepResult(invalid=True)`` and changes
+nothing; ``envs.invalid.InvalidActions`` (applied by ``envs.make``) turns that into a penalty, retries and a
+forfeit, the same way for every game.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Awaitable, Protocol
 
 
 @dataclass
 class StepResult:
-    """What one move did. ``rewards`` has one entry per seat and is non-zero only at the end."""
+    """What one move did. ``rewards`` has one entry per seat: what each seat earned by this move."""
 
     rewards: list[float]
     terminated: bool
@@ -23,7 +32,11 @@ class StepResult:
 
 
 class Game(Protocol):
-    """A turn-based text game with ``num_players`` seats (roles are given by the prompt)."""
+    """A turn-based text game with ``num_players`` seats (roles are given by the prompt).
+
+    ``step`` returns a StepResult, or an awaitable of one. A game may also have a ``max_tokens`` attribute:
+    the generation budget of the current turn (the env actor's default when absent or None).
+    """
 
     name: str
     num_players: int
@@ -35,6 +48,17 @@ class Game(Protocol):
 
     def observation(self, player: int) -> str: ...
 
-    def step(self, action_text: str) -> StepResult: ...
+    def step(self, action_text: str) -> StepResult | Awaitable[StepResult]: ...
 
     def legal_actions(self) -> list[str]: ...
+
+
+class Env(Protocol):
+    """A single-agent text environment, as in GEM: multi-turn until ``terminated`` or ``truncated``.
+
+    ``info["invalid_action"] = True`` from ``step`` says the action could not be read and changed nothing.
+    """
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]: ...
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]: ...

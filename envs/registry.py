@@ -1,23 +1,62 @@
-"""Environments and opponents by name: ``envs.make("tictactoe")``."""
+"""Environments and opponents by name: ``envs.make("tictactoe")``, ``envs.make("gem:game:GuessTheNumber-v0")``.
+
+``make`` returns a ``Game`` for every environment, single-agent ones seated as one-player games, wrapped in
+the invalid-action rules of ``envs.invalid``. ``tidal envs`` prints ``listing()``.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from envs.base import Game
+from envs.invalid import InvalidActions
 from envs.opponents import RandomOpponent
+from envs.single_agent import SingleAgentGame
 from envs.tictactoe import TicTacToe
+from envs.tool_latency import ToolLatencyTask
 
-GAMES: dict[str, Callable[..., Game]] = {"tictactoe": TicTacToe}
+GEM_PREFIX = "gem:"
+
+
+@dataclass(frozen=True)
+class Registered:
+    factory: Callable[..., object]
+    players: str  # "1" for a single-agent Env (GEM's interface), else the seats of the Game, e.g. "2-6"
+    summary: str
+
+    @property
+    def single_agent(self) -> bool:
+        return self.players == "1"
+
+
+ENVIRONMENTS: dict[str, Registered] = {
+    "tictactoe": Registered(TicTacToe, "2", "TicTacToe; move: a free cell in brackets, [5]"),
+    "tool_latency": Registered(ToolLatencyTask, "1",
+                               "sum two hidden values via a slow lookup tool (heavy-tailed async latency)"),
+}
 OPPONENTS: dict[str, Callable[..., object]] = {"random": RandomOpponent}
 
 
-def make(name: str, **kwargs) -> Game:
-    try:
-        factory = GAMES[name]
-    except KeyError:
-        raise ValueError(f"unknown environment {name!r}; known: {', '.join(sorted(GAMES))}") from None
-    return factory(**kwargs)
+def make(name: str, *, invalid_penalty: float = -1.0, max_retries: int = 0, retry_penalty: float = -0.1,
+         **kwargs) -> Game:
+    """The environment ``name`` built with ``kwargs``, as a Game with the invalid-action rules applied."""
+    if name.startswith(GEM_PREFIX):
+        from envs.gem_adapter import make_gem
+
+        game = SingleAgentGame(make_gem(name[len(GEM_PREFIX):], **kwargs), name)
+    else:
+        spec = ENVIRONMENTS.get(name)
+        if spec is None:
+            known = ", ".join(sorted(ENVIRONMENTS))
+            raise ValueError(f"unknown environment {name!r}; known: {known}, or gem:<GEM id>")
+        try:
+            made = spec.factory(**kwargs)
+        except TypeError as error:
+            raise ValueError(f"environment {name!r} does not take these arguments: {error}") from None
+        game = SingleAgentGame(made, name) if spec.single_agent else made
+    return InvalidActions(game, invalid_penalty=invalid_penalty, max_retries=max_retries,
+                          retry_penalty=retry_penalty)
 
 
 def make_opponent(name: str, **kwargs):
@@ -26,3 +65,12 @@ def make_opponent(name: str, **kwargs):
     except KeyError:
         raise ValueError(f"unknown opponent {name!r}; known: {', '.join(sorted(OPPONENTS))}") from None
     return factory(**kwargs)
+
+
+def listing() -> str:
+    """One line per environment and opponent: name, players, what it is."""
+    lines = [f"{'environment':<18} {'players':<8} description"]
+    lines += [f"{name:<18} {spec.players:<8} {spec.summary}" for name, spec in sorted(ENVIRONMENTS.items())]
+    lines.append(f"{'gem:<id>':<18} {'1':<8} any GEM environment (pip install gem-llm), e.g. gem:game:GuessTheNumber-v0")
+    lines += ["", "opponents: " + ", ".join(sorted(OPPONENTS))]
+    return "\n".join(lines)

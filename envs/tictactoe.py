@@ -2,9 +2,8 @@
 
 The board shows a row a line, cells separated by ``|``: a free cell shows its number, 1 to 9 (left to right,
 top to bottom), a taken one ``X`` or ``O``. Move format: the number of a free cell in square brackets, e.g.
-``[5]``. Text around the brackets is ignored; the first bracketed digit counts. Free cells show their
-A move that names no cell, or a taken one, is
-invalid: the game ends, the mover gets ``invalid_penalty`` and the other seat 0.
+``[5]``. Text around the brackets is ignored; the first bracketed digit counts. A move that names no cell,
+or a taken one, is invalid and changes nothing (``envs.invalid`` decides what it costs).
 
 Rewards: +1 for a win, -1 for a loss, 0 for a draw. Seat 0 plays X and moves first.
 """
@@ -34,8 +33,7 @@ class TicTacToe:
     name = "tictactoe"
     num_players = 2
 
-    def __init__(self, invalid_penalty: float = -1.0):
-        self.invalid_penalty = invalid_penalty
+    def __init__(self):
         self.board: list[int | None] = [None] * 9
         self.moves = 0
         self.done = False
@@ -69,10 +67,8 @@ class TicTacToe:
         player = self.current_player
         cell = parse_move(action_text)
         if cell is None or self.board[cell] is not None:
-            self.done = True
-            rewards = [0.0, 0.0]
-            rewards[player] = self.invalid_penalty
-            return StepResult(rewards, terminated=True, invalid=True)
+            reason = "name a free cell, e.g. [5]" if cell is None else f"cell {cell + 1} is taken"
+            return StepResult([0.0, 0.0], terminated=False, invalid=True, info={"reason": reason})
         self.board[cell] = player
         self.moves += 1
         if any(all(self.board[i] == player for i in line) for line in LINES):

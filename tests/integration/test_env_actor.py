@@ -1,6 +1,8 @@
 """The env actor against a scripted policy (a fake rollout actor on the same loop), over in-memory streams."""
 
+import pytest
 import trio
+import trio.testing
 from transformers import AutoTokenizer
 
 from actors.endpoints import Inbox, Outbox
@@ -11,17 +13,22 @@ from streams.schema import Columns, decode_table
 from streams.wire import Kind
 
 
-async def scripted_rollout(transport, receiver, tokenizer, answer: str, version: int = 5):
-    """Answers every generation request with ``answer``, as version ``version`` of the policy."""
+async def scripted_rollout(transport, receiver, tokenizer, answer, version: int = 5, requests: list | None = None):
+    """Answers every generation request with ``answer`` (a text, or a function of the prompt's text), as
+    version ``version`` of the policy; keeps each request in ``requests`` if given."""
     inbox = Inbox(receiver, Kind.GENERATE, GenerationRequest.from_body)
     replies = {}
+    script = answer if callable(answer) else lambda prompt: answer
     async with trio.open_nursery() as nursery:
         while True:
             request = await inbox.receive()
             if request.reply_to not in replies:
                 sender = await nursery.start(_open_sender, transport, request.reply_to)
                 replies[request.reply_to] = Outbox(sender, Kind.COMPLETION, "scripted")
-            tokens = tokenizer(answer)["input_ids"] + [tokenizer.eos_token_id]
+            if requests is not None:
+                requests.append(request)
+            text = script(tokenizer.decode(request.prompt_ids))
+            tokens = tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
             completion = Completion(request.request_id, tokens, [-0.5] * len(tokens), [version] * len(tokens), True)
             await replies[request.reply_to].send(completion.to_body())
 
@@ -32,7 +39,8 @@ async def _open_sender(transport, address, task_status=trio.TASK_STATUS_IGNORED)
         await trio.sleep_forever()
 
 
-def run_episodes(tiny_model_dir, answer: str, episodes: int, **env_args) -> list:
+def run_episodes(tiny_model_dir, answer, episodes: int, clock=None, record_requests=None, concurrency=4, **env_args):
+    """``episodes`` training episodes of an env actor against a scripted policy, then its statistics."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tables = []
 
@@ -40,8 +48,8 @@ def run_episodes(tiny_model_dir, answer: str, episodes: int, **env_args) -> list
         transport = MemoryTransport()
         async with transport.open_receiver() as requests, transport.open_receiver() as rewards, \
                 trio.open_nursery() as nursery:
-            nursery.start_soon(scripted_rollout, transport, requests, tokenizer, answer)
-            env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir), concurrency=4, **env_args))
+            nursery.start_soon(scripted_rollout, transport, requests, tokenizer, answer, 5, record_requests)
+            env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir), concurrency=concurrency, **env_args))
             await nursery.start(env.run, transport, {"rollout": [requests.address], "reward": [rewards.address]})
             env.set_training(True)
             inbox = Inbox(rewards, Kind.EPISODES, decode_table)
@@ -50,7 +58,7 @@ def run_episodes(tiny_model_dir, answer: str, episodes: int, **env_args) -> list
             tables.append(env.statistics())
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    trio.run(main, clock=clock)
     return tables
 
 
@@ -84,10 +92,10 @@ class FlakyTicTacToe:
 
     games = 0
 
-    def __new__(cls, **kwargs):
+    def __new__(cls):
         from envs.tictactoe import TicTacToe
 
-        game = TicTacToe(**kwargs)
+        game = TicTacToe()
         FlakyTicTacToe.games += 1
         if FlakyTicTacToe.games % 2 == 0:
             step = game.step
@@ -104,6 +112,59 @@ class FlakyTicTacToe:
 def test_an_environment_that_raises_loses_its_episode_only(tiny_model_dir, monkeypatch):
     from envs import registry
 
-    monkeypatch.setitem(registry.GAMES, "flaky", FlakyTicTacToe)
+    monkeypatch.setitem(registry.ENVIRONMENTS, "flaky", registry.Registered(FlakyTicTacToe, "2", "raises"))
     *episodes, stats = run_episodes(tiny_model_dir, "[5]", episodes=6, env_name="flaky")
     assert len(episodes) == 6 and stats["errored"] >= 5  # the others kept going
+
+
+def tool_script(prompt: str) -> str:
+    """Looks up the asked values one by one, then answers their sum (a perfect policy for tool_latency)."""
+    import re
+
+    asked = re.search(r"values of (\w+) and (\w+)", prompt).groups()
+    known = dict(re.findall(r"(\w+) = (\d+)", prompt))
+    missing = [name for name in asked if name not in known]
+    return f"[lookup {missing[0]}]" if missing else f"[answer {sum(int(known[n]) for n in asked)}]"
+
+
+def test_single_agent_multi_turn_episodes_with_slow_tools_overlap(tiny_model_dir):
+    from envs.tool_latency import ToolLatencyTask
+
+    clock, requests = trio.testing.MockClock(autojump_threshold=0), []
+    task_args = {"latency_median_s": 1.0, "min_new_tokens": 2, "max_new_tokens": 30}
+    *episodes, stats = run_episodes(tiny_model_dir, tool_script, episodes=16, clock=clock, record_requests=requests,
+                                    concurrency=16, env_name="tool_latency", env_args=task_args)
+    tool_seconds = []
+    for table in episodes:
+        rows = table.to_pylist()
+        assert [r[Columns.TURN] for r in rows] == [0, 1, 2] and {r[Columns.AGENT] for r in rows} == {0}
+        assert [r[Columns.REWARD] for r in rows] == [0.0, 0.0, 1.0] and rows[-1][Columns.TERMINATED]
+        assert all(r[Columns.EPISODE_RETURN] == 1.0 for r in rows)
+        # replaying the recorded actions on the same seed gives the latencies this episode waited
+        task = ToolLatencyTask(**task_args)
+        task.reset(rows[0][Columns.SEED])
+        trio.run(lambda: _replay(task, [r[Columns.ACTION_TEXT] for r in rows]),
+                 clock=trio.testing.MockClock(autojump_threshold=0))
+        tool_seconds.append(sum(task.latencies))
+    assert stats["episodes"] >= 16 and stats["invalid_actions"] == 0 and stats["errored"] == 0
+    # episodes waited on their tools side by side: the virtual time is far less than their total wait
+    assert clock.current_time() < 0.5 * sum(tool_seconds)
+    assert clock.current_time() >= max(tool_seconds)
+    budgets = {r.max_tokens for r in requests}
+    assert len(budgets) > 5 and all(2 <= b <= 30 for b in budgets)  # each turn's budget from the task
+
+
+async def _replay(task, actions):
+    for action in actions:
+        await task.step(action)
+
+
+def test_invalid_actions_are_retried_then_forfeited_and_counted(tiny_model_dir):
+    *episodes, stats = run_episodes(tiny_model_dir, "pass", episodes=4, env_name="tool_latency", max_retries=2,
+                                    retry_penalty=-0.1, invalid_penalty=-1.0, env_args={"latency_median_s": 0})
+    for table in episodes:
+        rows = table.to_pylist()
+        assert [r[Columns.INVALID_ACTION] for r in rows] == [True, True, True]
+        assert [r[Columns.REWARD] for r in rows] == pytest.approx([-0.1, -0.1, -1.0])
+        assert rows[-1][Columns.EPISODE_RETURN] == pytest.approx(-1.2)
+    assert stats["invalid_actions"] >= 12 and stats["forfeits"] >= 4

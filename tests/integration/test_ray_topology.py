@@ -51,3 +51,20 @@ def test_malformed_frames_are_dropped_and_counted(ray_session, tiny_model_dir, t
         replay_inbox.close(0)
     finally:
         cluster.shutdown()
+
+
+def test_a_single_agent_task_with_slow_tools_trains_on_ray(ray_session, tiny_model_dir, tmp_path):
+    """The tool-latency task hosted by a Ray env actor, over ZeroMQ, feeding a learner."""
+    cfg = small_config(tmp_path, env="tool_latency", **{"env.args.env_args.latency_median_s": 0.01,
+                                                        "env.args.env_args.min_new_tokens": 2,
+                                                        "env.args.env_args.max_new_tokens": 6})
+    cluster = RayCluster()
+    try:
+        top = build_topology(cluster, cfg, tiny_model_dir, tmp_path)
+        cluster.call(top.envs[0], "set_training", True)
+        wait_for(lambda: cluster.statistics("learner")["version"] >= 2, "two learner updates")
+        env = cluster.statistics(top.envs[0])
+        assert env["episodes"] >= 16 and env["errored"] == 0 and env["turns"] >= env["episodes"]
+        assert cluster.statistics("learner")["episodes"] >= 16
+    finally:
+        cluster.shutdown()
