@@ -1,21 +1,26 @@
 """The tiny base model tidal makes for itself, saved as a Hugging Face model directory.
 
 No model can be downloaded on the development machine, so tidal builds a small Llama-architecture causal
-LM with a character-level tokenizer, gives it a short supervised warm-up on transcripts of random legal
-play (so it knows the move format, as a real base model would), and saves it with ``save_pretrained``.
+LM with a byte-level BPE tokenizer, gives it a short supervised warm-up on transcripts of its environment
+(random legal play, optionally mixed with the environment's expert moves: so it knows the action format,
+and for some tasks a little of the strategy, as a real base model would), and saves it with
+``save_pretrained``.
 Everything downstream loads it with ``from_pretrained``: the same path a real model directory takes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import trio
+from trio.testing import MockClock
 
 from algos.losses import sft_loss
 from envs.registry import make, make_opponent
@@ -36,6 +41,8 @@ class TinyModelConfig:
     tie_embeddings: bool = False
     max_positions: int = 256
     warmup_env: str = "tictactoe"
+    warmup_env_args: dict = field(default_factory=dict)
+    warmup_expert_share: float = 0.0  # share of demonstration moves from the env's expert_action(), if it has one
     warmup_games: int = 3000
     warmup_steps: int = 600
     warmup_batch: int = 128
@@ -43,7 +50,20 @@ class TinyModelConfig:
     seed: int = 0
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        fields = asdict(self)
+        for key, neutral in (("warmup_env_args", {}), ("warmup_expert_share", 0.0)):
+            if fields[key] == neutral:  # models made before these fields existed keep their name
+                del fields[key]
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def tiny_model_config(cfg: dict) -> TinyModelConfig:
+    """The tiny model of a run config: warmed up on the run's environment unless ``model.tiny`` names one."""
+    tiny = dict(cfg["model"]["tiny"])
+    if tiny.get("warmup_env") is None:
+        tiny["warmup_env"] = cfg["env"]["args"]["env_name"]
+        tiny["warmup_env_args"] = dict(cfg["env"]["args"].get("env_args") or {})
+    return TinyModelConfig(**tiny)
 
 
 def make_tokenizer(corpus: list[str], vocab_size: int):
@@ -90,21 +110,36 @@ def make_model(tokenizer, cfg: TinyModelConfig):
     return LlamaForCausalLM(config)
 
 
-def random_play_transcripts(env_name: str, games: int, seed: int) -> list[tuple[str, str]]:
-    """(prompt, answer) pairs from games where both seats play uniformly random legal moves."""
+def demonstrations(env_name: str, games: int, seed: int, env_args: dict | None = None,
+                   expert_share: float = 0.0) -> list[tuple[str, str]]:
+    """(prompt, answer) pairs from episodes where every seat plays a random legal action, or with probability
+    ``expert_share`` the environment's ``expert_action()`` when it has one.
+
+    Episodes run on a trio loop with a mock clock, so an environment whose steps sleep (a slow tool) costs
+    no wall time here.
+    """
     rng = random.Random(seed)
     opponent = make_opponent("random", seed=seed)
-    pairs = []
-    for _ in range(games):
-        game = make(env_name)
-        game.reset(rng.randrange(2**31))
-        done = False
-        while not done:
-            prompt = game.observation(game.current_player)
-            action = opponent.act(game)
-            pairs.append((prompt, action))
-            done = game.step(action).terminated
-    return pairs
+
+    async def play_all() -> list[tuple[str, str]]:
+        pairs = []
+        for _ in range(games):
+            game = make(env_name, **(env_args or {}))
+            game.reset(rng.randrange(2**31))
+            expert = getattr(game, "expert_action", None)
+            done = False
+            while not done:
+                prompt = game.observation(game.current_player)
+                use_expert = expert is not None and rng.random() < expert_share
+                action = expert() if use_expert else opponent.act(game)
+                pairs.append((prompt, action))
+                result = game.step(action)
+                if inspect.isawaitable(result):
+                    result = await result
+                done = result.terminated or result.truncated
+        return pairs
+
+    return trio.run(play_all, clock=MockClock(autojump_threshold=0))
 
 
 def warm_up(model, tokenizer, pairs: list[tuple[str, str]], cfg: TinyModelConfig) -> list[float]:
@@ -144,12 +179,12 @@ def _encode_pairs(tokenizer, pairs):
 
 def ensure_base_model(cache_dir: str | Path, cfg: TinyModelConfig = TinyModelConfig()) -> Path:
     """The directory of the tiny base model for ``cfg``: made and warmed up once, then reused."""
-    path = Path(cache_dir).expanduser() / f"tiny-{cfg.warmup_env}-{cfg.fingerprint()}"
+    path = Path(cache_dir).expanduser() / f"tiny-{cfg.warmup_env.replace(':', '-').replace('/', '-')}-{cfg.fingerprint()}"
     if (path / "config.json").exists():
         return path
     log.info("making the tiny base model in %s (a one-time warm-up)", path)
     torch.manual_seed(cfg.seed)
-    pairs = random_play_transcripts(cfg.warmup_env, cfg.warmup_games, cfg.seed)
+    pairs = demonstrations(cfg.warmup_env, cfg.warmup_games, cfg.seed, cfg.warmup_env_args, cfg.warmup_expert_share)
     tokenizer = make_tokenizer([text for pair in pairs for text in pair], cfg.vocab_size)
     model = make_model(tokenizer, cfg)
     warm_up(model, tokenizer, pairs, cfg)

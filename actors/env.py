@@ -68,7 +68,8 @@ class EnvActor:
         self._waiting: dict[int, tuple[trio.Event, list]] = {}
         self._evaluations: dict[str, EvaluationTally] = {}
         self._stats = {"episodes": 0, "turns": 0, "invalid_actions": 0, "forfeits": 0, "errored": 0,
-                       "truncated_actions": 0, "admission_waits": 0}
+                       "truncated_actions": 0, "admission_waits": 0,
+                       "train_episodes": 0, "train_return_sum": 0.0}  # the policy's mean return over its seats
         self._started = 0  # training episodes started and not dropped
         self.learner_version = 0
         self._return_sums = [0.0] * self._make_game().num_players  # also checks env_name and env_args now
@@ -166,8 +167,12 @@ class EnvActor:
 
     async def _train_one(self, slots: trio.Semaphore) -> None:
         try:
-            played = await self._play(self._training_seats(), self._rng.randrange(2**31))
+            seats = self._training_seats()
+            played = await self._play(seats, self._rng.randrange(2**31))
             if played is not None:
+                policy_returns = [r for r, who in zip(played[1], seats) if who == POLICY]
+                self._stats["train_episodes"] += 1
+                self._stats["train_return_sum"] += sum(policy_returns) / len(policy_returns)
                 await self._episodes.send(encode_table(trajectory_table(played[0])))
             else:  # errored: it will never be consumed, so it gives its admission back
                 self._started -= 1

@@ -47,11 +47,22 @@ class Evaluation:
 class MetricsLog:
     """Appends one JSON line per snapshot to ``metrics.jsonl`` and derives rates between snapshots."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, window_s: float = 30.0):
         self.path = run_dir / "metrics.jsonl"
+        self.window_s = window_s
+        self._history: list[tuple[float, int, float]] = []  # (time, training episodes, their return sum)
         self.started = time.time()
         self._last: tuple[float, dict] | None = None
         self.rows: list[dict] = []
+
+    def _train_return(self, now: float, totals: dict) -> float | None:
+        """The policy's mean return over the training episodes that ended in the last ``window_s``."""
+        self._history.append((now, totals["train_episodes"], totals["train_return_sum"]))
+        while len(self._history) > 2 and self._history[1][0] <= now - self.window_s:
+            self._history.pop(0)
+        _, episodes, returns = self._history[0]
+        ended = totals["train_episodes"] - episodes
+        return (totals["train_return_sum"] - returns) / ended if ended else None
 
     def snapshot(self, stats: dict[str, dict], evaluation: dict | None = None) -> dict:
         now = time.time()
@@ -60,6 +71,8 @@ class MetricsLog:
         rollouts = [s for name, s in stats.items() if name.startswith("rollout")]
         totals = {
             "episodes": sum(s["episodes"] for s in envs),
+            "train_episodes": sum(s.get("train_episodes", 0) for s in envs),
+            "train_return_sum": sum(s.get("train_return_sum", 0.0) for s in envs),
             "turns": sum(s["turns"] for s in envs),
             "invalid_actions": sum(s["invalid_actions"] for s in envs),
             "tokens": sum(s["tokens"] for s in rollouts),
@@ -82,6 +95,7 @@ class MetricsLog:
             row["tokens_per_s"] = (totals["tokens"] - before["tokens"]) / dt
             turns = totals["turns"] - before["turns"]
             row["invalid_rate"] = (totals["invalid_actions"] - before["invalid_actions"]) / turns if turns else None
+        row["train_return"] = self._train_return(now, totals)
         for key in ("staleness_mean", "staleness_max", "staleness_hist", "pg_loss", "clip_fraction", "approx_kl",
                     "logprob_gap", "is_weight_mean", "is_outside_share", "entropy", "return_seat0", "return_seat1",
                     "kl_ref"):

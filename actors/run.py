@@ -8,7 +8,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from actors.base_model import TinyModelConfig, ensure_base_model
+from actors.base_model import ensure_base_model, tiny_model_config
 from actors.monitor import Evaluation, MetricsLog, plot_learning_curve
 
 log = logging.getLogger(__name__)
@@ -25,6 +25,7 @@ class Run:
         self.evaluations: list[dict] = []
         self.metrics = MetricsLog(self.dir)
         self.started = None
+        self.target_reached_s = None
 
     def model_path(self) -> Path:
         model = self.cfg["model"]
@@ -33,7 +34,7 @@ class Run:
             if not (path / "config.json").exists():
                 raise FileNotFoundError(f"model.path={path} is not a Hugging Face model directory (no config.json)")
             return path
-        return ensure_base_model(model["cache_dir"], TinyModelConfig(**model["tiny"]))
+        return ensure_base_model(model["cache_dir"], tiny_model_config(self.cfg))
 
     def execute(self) -> dict:
         from actors.launcher import build_topology, open_cluster
@@ -101,6 +102,12 @@ class Run:
             bar.set_postfix(self._postfix(row), refresh=True)
             if run["max_versions"] and row["version"] >= run["max_versions"]:
                 break
+            target, reward = run.get("target_return"), row.get("train_return")
+            if target is not None and reward is not None and reward >= target:
+                self.target_reached_s = time.time() - self.started
+                log.info("training return %.3f reached the target %.3f after %.1f s", reward, target,
+                         self.target_reached_s)
+                break
         bar.close()
 
     def _postfix(self, row: dict) -> dict:
@@ -123,6 +130,8 @@ class Run:
             "final_version": rows[-1]["version"] if rows else 0,
             "episodes": rows[-1]["episodes"] if rows else 0,
             "episodes_per_s": sum(rates) / len(rates) if rates else None,
+            "train_return": next((r["train_return"] for r in reversed(rows) if r.get("train_return") is not None), None),
+            "target_reached_s": self.target_reached_s,
             "learner_busy": rows[-1].get("learner_busy") if rows else None,
             "rollout_idle": rows[-1].get("rollout_idle") if rows else None,
             "staleness_hist": rows[-1].get("staleness_total") if rows else {},

@@ -36,7 +36,7 @@ class Objective:
     kl_coef: float = 0.0  # > 0: KL penalty towards a reference policy
     entropy_coef: float = 0.0  # > 0: entropy bonus
     max_grad_norm: float = 1.0
-    minibatches: int = 1  # optimizer steps per batch; > 1 recomputes pi_prox before the first
+    minibatches: int = 4  # optimizer steps per batch; > 1 recomputes pi_prox before the first
 
     def __post_init__(self):
         if self.loss not in LOSSES:

@@ -18,7 +18,7 @@ import logging
 import sys
 import time
 
-from actors.base_model import TinyModelConfig, ensure_base_model
+from actors.base_model import ensure_base_model, tiny_model_config
 from actors.cli import load_config
 from actors.launcher import launch
 
@@ -28,7 +28,7 @@ def main(overrides: list[str]) -> int:
     cfg = load_config(overrides)
     if not cfg["model"]["path"]:
         started = time.time()
-        ensure_base_model(cfg["model"]["cache_dir"], TinyModelConfig(**cfg["model"]["tiny"]))
+        ensure_base_model(cfg["model"]["cache_dir"], tiny_model_config(cfg))
         print(f"base_model_minutes={(time.time() - started) / 60:.2f} (one-time, cached)", flush=True)
     started = time.time()
     summary = launch(cfg)

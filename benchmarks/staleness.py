@@ -81,7 +81,8 @@ def main(argv: list[str]) -> int:
     if args.quick:
         etas, versions = [0, 4], 4
         overrides = ["run.mode=local", "replay.args.batch_episodes=8", "replay.args.capacity_episodes=16",
-                     "env.args.concurrency=16", "eval.endpoint_games_per_seat=10", *overrides]
+                     "env.args.concurrency=16", "eval.endpoint_games_per_seat=10", "model.tiny.warmup_steps=30",
+                     "model.tiny.warmup_games=200", *overrides]
     if 0 not in etas or 4 not in etas:
         parser.error("--etas must include 0 and 4 (the ratios compare them)")
     out = Path(args.out)

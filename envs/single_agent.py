@@ -23,6 +23,11 @@ class SingleAgentGame:
         self._observation = ""
         self.info: dict = {}
 
+    def __getattr__(self, name):  # the env's own extras, e.g. expert_action()
+        if name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
     def reset(self, seed: int = 0) -> None:
         self._observation, self.info = self.env.reset(seed=seed)
 

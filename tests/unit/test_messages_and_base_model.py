@@ -7,7 +7,7 @@ from streams.wire import FrameError, pack
 
 
 def test_messages_round_trip():
-    request = GenerationRequest(7, "tcp://127.0.0.1:5555", "main", [5, 6, 7], 0.7, 12)
+    request = GenerationRequest(7, "tcp://127.0.0.1:5555", "main", [5, 6, 7], 0.7, 12, min_version=4)
     assert GenerationRequest.from_body(request.to_body()) == request
     completion = Completion(7, [1, 2], [-0.5, -0.25], [3, 4], True)
     assert Completion.from_body(completion.to_body()) == completion
@@ -45,3 +45,22 @@ def test_head_dim_below_32_is_refused():
     tokenizer = make_tokenizer(["ab"] * 5, vocab_size=270)
     with pytest.raises(ValueError, match="head_dim 16"):
         make_model(tokenizer, TinyModelConfig(hidden_size=64, heads=4))
+
+
+def test_demonstrations_play_slow_environments_on_a_mock_clock_and_mix_in_the_expert():
+    from actors.base_model import demonstrations, tiny_model_config
+    from actors.cli import load_config
+
+    # the tool's latency is 1000 s a call: on the mock clock it costs no wall time
+    args = {"lookups": 1, "latency_median_s": 1000.0, "latency_sigma": 0.0, "latency_max_s": 1000.0}
+    expert = demonstrations("tool_latency", 20, seed=0, env_args=args, expert_share=1.0)
+    # the expert looks the one value up, then answers: two moves an episode, the second an answer
+    assert len(expert) == 40
+    assert all(a.startswith("[lookup") for _, a in expert[0::2]) and all(a.startswith("[answer") for _, a in expert[1::2])
+    mixed = demonstrations("tool_latency", 20, seed=0, env_args=args, expert_share=0.0)
+    assert mixed != expert and demonstrations("tool_latency", 20, seed=0, env_args=args) == mixed
+    # the run's environment is the warm-up's, unless the model config names one
+    cfg = tiny_model_config(load_config(["env=tool_latency", "env.args.env_args.lookups=1"]))
+    assert cfg.warmup_env == "tool_latency" and cfg.warmup_env_args["lookups"] == 1
+    assert tiny_model_config(load_config([])).warmup_env == "tictactoe"
+    assert tiny_model_config(load_config(["model.tiny.warmup_env=tictactoe", "env=tool_latency"])).warmup_env_args == {}

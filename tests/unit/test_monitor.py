@@ -1,0 +1,24 @@
+"""The metrics log: the training return over a sliding window."""
+
+from actors.monitor import MetricsLog
+
+
+def stats(episodes: int, return_sum: float) -> dict:
+    return {"learner": {"version": 0, "episodes": 0, "train_s": 0.0},
+            "env-0": {"episodes": episodes, "turns": 0, "invalid_actions": 0, "train_episodes": episodes,
+                      "train_return_sum": return_sum}}
+
+
+def test_training_return_is_the_mean_over_episodes_in_the_window(tmp_path, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr("actors.monitor.time.time", lambda: now[0])
+    log = MetricsLog(tmp_path, window_s=30.0)
+    log.snapshot(stats(0, 0.0))
+    for t, episodes, total in [(10, 10, 0.0), (20, 20, 5.0), (40, 30, 15.0), (60, 40, 16.0)]:
+        now[0] = 1000.0 + t
+        row = log.snapshot(stats(episodes, total))
+    # at t=60 the window starts at the newest snapshot at least 30 s old: t=20
+    assert row["train_return"] == (16.0 - 5.0) / (40 - 20)
+    now[0] = 1075.0  # and now at t=40
+    assert log.snapshot(stats(50, 17.0))["train_return"] == (17.0 - 15.0) / (50 - 30)
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 6
