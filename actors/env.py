@@ -69,7 +69,8 @@ class EnvActor:
         self._evaluations: dict[str, EvaluationTally] = {}
         self._stats = {"episodes": 0, "turns": 0, "invalid_actions": 0, "forfeits": 0, "errored": 0,
                        "truncated_actions": 0, "admission_waits": 0,
-                       "train_episodes": 0, "train_return_sum": 0.0}  # the policy's mean return over its seats
+                       "train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
+                       "abandoned_stale": 0}
         self._started = 0  # training episodes started and not dropped
         self.learner_version = 0
         self._return_sums = [0.0] * self._make_game().num_players  # also checks env_name and env_args now
@@ -168,13 +169,13 @@ class EnvActor:
     async def _train_one(self, slots: trio.Semaphore) -> None:
         try:
             seats = self._training_seats()
-            played = await self._play(seats, self._rng.randrange(2**31))
+            played = await self._play(seats, self._rng.randrange(2**31), staleness_bound=self.cfg.max_staleness)
             if played is not None:
                 policy_returns = [r for r, who in zip(played[1], seats) if who == POLICY]
                 self._stats["train_episodes"] += 1
                 self._stats["train_return_sum"] += sum(policy_returns) / len(policy_returns)
                 await self._episodes.send(encode_table(trajectory_table(played[0])))
-            else:  # errored: it will never be consumed, so it gives its admission back
+            else:  # errored or abandoned: it will never be consumed, so it gives its admission back
                 self._started -= 1
         finally:
             slots.release()
@@ -198,18 +199,27 @@ class EnvActor:
         return make(cfg.env_name, invalid_penalty=cfg.invalid_penalty, max_retries=cfg.max_retries,
                      retry_penalty=cfg.retry_penalty, **cfg.env_args)
 
-    async def _play(self, seats: list[str], seed: int) -> tuple[list[dict], list[float]] | None:
-        """One episode: the policy's agent-turn rows and every seat's return (None: the environment raised)."""
+    async def _play(self, seats: list[str], seed: int,
+                    staleness_bound: int | None = None) -> tuple[list[dict], list[float]] | None:
+        """One episode: the policy's agent-turn rows and every seat's return.
+
+        None: the environment raised, or (with ``staleness_bound``) the episode fell so far behind the learner
+        that the learner would reject it; it is abandoned at once rather than played to the end for nothing.
+        """
         episode_id = f"{self.name}-{next(self._ids)}"
         try:
-            return await self._play_episode(episode_id, seats, seed)
+            return await self._play_episode(episode_id, seats, seed, staleness_bound)
+        except _FellBehind:
+            self._stats["abandoned_stale"] += 1
+            return None
         except Exception:  # the environment's (or an opponent's) bug costs this episode only
             log.exception("environment %s raised in episode %s; the episode is dropped", self.cfg.env_name,
                           episode_id)
             self._stats["errored"] += 1
             return None
 
-    async def _play_episode(self, episode_id: str, seats: list[str], seed: int) -> tuple[list[dict], list[float]]:
+    async def _play_episode(self, episode_id: str, seats: list[str], seed: int,
+                            staleness_bound: int | None) -> tuple[list[dict], list[float]]:
         game = self._make_game()
         game.reset(seed)
         opponents = {s: make_opponent(name, seed=seed + s) for s, name in enumerate(seats) if name != POLICY}
@@ -224,6 +234,9 @@ class EnvActor:
             if seat in opponents:
                 text = opponents[seat].act(game)
             else:
+                if staleness_bound is not None and credit.rows and \
+                        self.learner_version - min(credit.rows[0][Columns.POLICY_VERSIONS] or [0]) > staleness_bound:
+                    raise _FellBehind(episode_id)
                 turn_columns = {**episode, Columns.TURN: turn, Columns.AGENT: seat}
                 row = await self._policy_turn(game.observation(seat), turn_columns,
                                                 getattr(game, "max_tokens", None))
@@ -281,6 +294,10 @@ class EnvActor:
                 continue
             waiter[1].append(completion)
             waiter[0].set()
+
+
+class _FellBehind(Exception):
+    """A training episode whose first tokens are already older than the staleness bound allows."""
 
 
 class RewardCredit:

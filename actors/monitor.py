@@ -86,6 +86,7 @@ class MetricsLog:
                "queue_replay": replay.get("buffered", 0),
                "live_episodes": sum(s.get("live_episodes", 0) for s in envs),
                "rejected_episodes": learner.get("rejected_episodes", 0),
+               "abandoned_episodes": sum(s.get("abandoned_stale", 0) for s in envs),
                "staleness_total": learner.get("staleness_hist", {}),
                "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values())}
         if self._last is not None:

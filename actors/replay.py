@@ -1,4 +1,10 @@
-"""ReplayActor: a FIFO of scored episodes that cuts them into training batches of whole episodes.
+"""ReplayActor: a buffer of scored episodes that cuts them into training batches of whole episodes.
+
+Batches take the oldest data first: the episodes whose oldest token has the lowest policy version, in
+order of arrival among equals (so a FIFO while versions arrive in order). An episode that finishes late
+(a slow tool, a long game) then goes into the next batch instead of queueing behind newer ones until the
+learner's staleness bound rejects it; with heavy-tailed episode times a FIFO would systematically lose the
+long episodes, and the policy would learn from the short ones only.
 
 The buffer is bounded: when it is full the actor stops reading, and the backpressure reaches the env
 actors, which then start no new episodes. Nothing is dropped.
@@ -6,13 +12,16 @@ actors, which then start no new episodes. Nothing is dropped.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import trio
 
 from actors.endpoints import Inbox, Outbox
-from streams.schema import decode_table, encode_table
+from streams.schema import Columns, decode_table, encode_table
 from streams.wire import Kind
 
 
@@ -32,32 +41,51 @@ class ReplayActor:
         self._inbox = None
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        buffer_in, buffer_out = trio.open_memory_channel(self.cfg.capacity_episodes)
+        self._heap: list[tuple[int, int, pa.Table]] = []  # (oldest token version, arrival, episode)
+        self._arrivals = itertools.count()
+        self._changed = trio.Event()
         async with (
             transport.open_receiver(capacity=16) as episodes,
             transport.open_sender(peers["learner"], capacity=1) as learner,
             trio.open_nursery() as nursery,
         ):
             self._inbox = Inbox(episodes, Kind.EPISODES, decode_table)
-            nursery.start_soon(self._fill, buffer_in)
-            nursery.start_soon(self._batch, buffer_out, Outbox(learner, Kind.BATCH, self.name))
+            nursery.start_soon(self._fill)
+            nursery.start_soon(self._batch, Outbox(learner, Kind.BATCH, self.name))
             task_status.started({"episodes": episodes.address})
 
-    async def _fill(self, buffer_in) -> None:
+    async def _fill(self) -> None:
         while True:
+            while len(self._heap) >= self.cfg.capacity_episodes:
+                await self._changed.wait()
             episode = await self._inbox.receive()
-            await buffer_in.send(episode)
-            self._buffered += 1
+            heapq.heappush(self._heap, (oldest_version(episode), next(self._arrivals), episode))
+            self._buffered = len(self._heap)
             self._stats["episodes_in"] += 1
+            self._notify()
 
-    async def _batch(self, buffer_out, learner: Outbox) -> None:
+    async def _batch(self, learner: Outbox) -> None:
         while True:
-            episodes = [await buffer_out.receive() for _ in range(self.cfg.batch_episodes)]
-            self._buffered -= len(episodes)
+            while len(self._heap) < self.cfg.batch_episodes:
+                await self._changed.wait()
+            episodes = [heapq.heappop(self._heap)[2] for _ in range(self.cfg.batch_episodes)]
+            self._buffered = len(self._heap)
+            self._notify()
             await learner.send(encode_table(pa.concat_tables(episodes)))
             self._stats["batches_out"] += 1
             self._stats["episodes_out"] += len(episodes)
 
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
     def statistics(self) -> dict:
         dropped = self._inbox.statistics()["dropped_frames"] if self._inbox else 0
         return {**self._stats, "buffered": self._buffered, "dropped_frames": dropped}
+
+
+def oldest_version(episode: pa.Table) -> int:
+    """The policy version of the episode's oldest token (0 for an episode without tokens)."""
+    versions = pc.list_flatten(episode.column(Columns.POLICY_VERSIONS))
+    oldest = pc.min(versions).as_py()
+    return 0 if oldest is None else int(oldest)

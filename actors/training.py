@@ -32,7 +32,7 @@ class Objective:
     weight_range: tuple[float, float] = (0.0, 5.0)  # decoupled PPO: allowed pi_prox / mu
     out_of_range: str = "mask"  # decoupled PPO: mask or clamp weights outside weight_range
     tis_cap: float = 2.0  # truncated IS: cap on pi / mu
-    rae_decay: float = 0.95  # RAE: EMA decay of each role's baseline
+    rae_decay: float = 0.95  # RAE: EMA decay of each role's baseline, per trajectory
     kl_coef: float = 0.0  # > 0: KL penalty towards a reference policy
     entropy_coef: float = 0.0  # > 0: entropy bonus
     max_grad_norm: float = 1.0
@@ -133,7 +133,7 @@ def advantages_of(objective: Objective, state: TrainerState, batch: TokenBatch) 
     returns = discounted_returns(batch.rewards, batch.segments, batch.turns, objective.gamma)
     roles = state.roles(batch.role_keys)
     if objective.advantage == "rae":
-        advantages, stats = rae_advantages(returns, roles, state.baselines, objective.rae_decay)
+        advantages, stats = rae_advantages(returns, roles, state.baselines, objective.rae_decay, batch.segments)
         state.baselines = stats.pop("baselines")
     elif objective.advantage == "rebn":
         advantages, stats = rebn_advantages(returns)

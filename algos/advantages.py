@@ -67,17 +67,23 @@ def rebn_advantages(returns: torch.Tensor, eps: float = 1e-6):
     return advantages, {"return_mean": r.mean().item(), "return_std": float(std)}
 
 
-def rae_advantages(returns: torch.Tensor, roles: torch.Tensor, baselines: dict[int, float], decay: float = 0.95):
+def rae_advantages(returns: torch.Tensor, roles: torch.Tensor, baselines: dict[int, float], decay: float = 0.95,
+                   segments: torch.Tensor | None = None):
     """Role-conditioned advantage estimation (RAE; SPIRAL, Liu et al. 2025, sec. 3.3).
 
     Each role (for self-play: one (game, seat) pair) keeps an exponential moving average of its returns,
-    b_role <- decay * b_role + (1 - decay) * mean(R of the role in this batch), and A_i = R_i - b_role(i),
-    with the baseline updated first. A role seen for the first time starts at its batch mean. In a zero-sum
-    game seen from both seats, this removes each seat's own expected outcome (the first mover's edge in
-    TicTacToe), which one shared baseline would turn into a push on one seat and a pull on the other.
+    updated once per trajectory, b <- decay * b + (1 - decay) * R, and A_i = R_i - b_role(i), with the
+    baseline updated first. A batch holding n trajectories of a role moves its baseline as n such updates
+    would, the batch mean standing in for each: b <- decay^n * b + (1 - decay^n) * mean(R). (A per-batch
+    decay of 0.95 would lag tens of updates behind a policy that is changing; the advantages would then
+    share one sign, and a policy pushed away from everything it sampled collapses.) A role seen for the
+    first time starts at its batch mean. In a zero-sum game seen from both seats, this removes each seat's
+    own expected outcome (the first mover's edge in TicTacToe), which one shared baseline would turn into a
+    push on one seat and a pull on the other.
 
-    ``baselines`` maps role id -> baseline and is not modified; the updated map is returned in the stats
-    under ``"baselines"``, for the caller to keep.
+    ``segments`` (one id per trajectory, e.g. per (episode, seat)) counts the trajectories; without it each
+    row counts as one. ``baselines`` maps role id -> baseline and is not modified; the updated map is
+    returned in the stats under ``"baselines"``, for the caller to keep.
     """
     if not 0.0 <= decay < 1.0:
         raise ValueError(f"decay must lie in [0, 1), not {decay}")
@@ -87,8 +93,9 @@ def rae_advantages(returns: torch.Tensor, roles: torch.Tensor, baselines: dict[i
     for role in roles.unique().tolist():
         sel = roles == role
         batch_mean = returns[sel].float().mean().item()
+        n = int(segments[sel].unique().numel()) if segments is not None else int(sel.sum())
         previous = updated.get(role, batch_mean)
-        updated[role] = decay * previous + (1.0 - decay) * batch_mean
+        updated[role] = decay**n * previous + (1.0 - decay**n) * batch_mean
         advantages[sel] = returns[sel].float() - updated[role]
         stats[f"baseline_role{role}"] = updated[role]
     stats["baselines"] = updated

@@ -31,7 +31,7 @@ from actors.cli import load_config
 from actors.launcher import launch
 
 TASK = [
-    "env=tool_latency", "env.args.concurrency=256", "env.args.env_args.lookups=1",
+    "env=tool_latency", "env.args.concurrency=256", "env.args.max_retries=0", "env.args.env_args.lookups=1",
     "env.args.env_args.latency_median_s=0.1", "env.args.env_args.latency_sigma=1.5",
     "env.args.env_args.latency_max_s=10", "env.args.env_args.min_new_tokens=6",
     "env.args.env_args.max_new_tokens=16", "sampling.max_new_tokens=16", "model.tiny.warmup_expert_share=0.5",

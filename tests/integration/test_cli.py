@@ -26,6 +26,12 @@ def test_tidal_launch_end_to_end(tiny_model_dir, tmp_path):
     assert 0 <= summary["start_nonloss"] <= 1 and 0 <= summary["final_nonloss"] <= 1
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("staleness_mean" in r for r in rows) and any(r.get("episodes_per_s", 0) > 0 for r in rows)
+    # the staleness and utilisation metrics of the asynchronous learner
+    trained = [r for r in rows if "staleness_hist" in r]
+    assert trained and all(max(map(int, r["staleness_hist"])) <= 2 for r in trained)
+    assert all(key in trained[-1] for key in ("is_weight_mean", "is_outside_share", "learner_busy", "rollout_idle",
+                                               "queue_requests", "queue_replay", "live_episodes", "rejected_episodes"))
+    assert 0 < trained[-1]["learner_busy"] <= 1 and sum(summary["staleness_hist"].values()) > 0
     assert (run / "learning_curve.png").stat().st_size > 0
     assert (run / "policy" / "config.json").exists()  # the trained policy, loadable with from_pretrained
 

@@ -168,3 +168,32 @@ def test_invalid_actions_are_retried_then_forfeited_and_counted(tiny_model_dir):
         assert [r[Columns.REWARD] for r in rows] == pytest.approx([-0.1, -0.1, -1.0])
         assert rows[-1][Columns.EPISODE_RETURN] == pytest.approx(-1.2)
     assert stats["invalid_actions"] >= 12 and stats["forfeits"] >= 4
+
+
+def test_a_training_episode_that_falls_behind_the_bound_is_abandoned_and_gives_its_admission_back(tiny_model_dir):
+    """The scripted policy answers as version 5; with the learner at 8 and eta = 2, every game's second policy
+    turn finds it already too old: abandoned, counted, never sent. Back at learner version 7 they play out."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    seen = {}
+
+    async def main():
+        transport = MemoryTransport()
+        async with transport.open_receiver() as requests, transport.open_receiver() as rewards, \
+                trio.open_nursery() as nursery:
+            nursery.start_soon(scripted_rollout, transport, requests, tokenizer, "[5]", 5, None)
+            env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir), concurrency=4, max_staleness=2))
+            await nursery.start(env.run, transport, {"rollout": [requests.address], "reward": [rewards.address]})
+            env.learner_version = 8
+            env.set_training(True)
+            while env.statistics()["abandoned_stale"] < 10:
+                await trio.sleep(0.01)
+            seen["stats"] = env.statistics()
+            env.learner_version = 7
+            seen["episode"] = await Inbox(rewards, Kind.EPISODES, decode_table).receive()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    stats = seen["stats"]
+    assert stats["episodes"] == 0 and stats["train_episodes"] == 0  # none finished, none was sent
+    assert stats["started"] <= 4  # abandoned games gave their admission back: only the live ones count
+    assert seen["episode"].num_rows >= 2

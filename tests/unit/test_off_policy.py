@@ -43,18 +43,22 @@ def test_rebn_normalises_over_the_whole_batch():
     assert stats["return_mean"] == 2.0
 
 
-def test_rae_keeps_an_ema_baseline_per_role_and_leaves_its_input_alone():
+def test_rae_keeps_an_ema_baseline_per_role_updated_once_per_trajectory():
     returns = torch.tensor([1.0, 1.0, -1.0, 0.0])
     roles = torch.tensor([0, 0, 1, 1])
     baselines = {0: 0.0}
     adv, stats = rae_advantages(returns, roles, baselines, decay=0.9)
-    # role 0: b = 0.9 * 0 + 0.1 * 1 = 0.1; role 1 is new: starts at its batch mean -0.5
+    # role 0 has two trajectories (rows): b = 0.9^2 * 0 + (1 - 0.81) * 1 = 0.19; role 1 is new: its batch mean
     assert baselines == {0: 0.0}
-    assert stats["baselines"] == pytest.approx({0: 0.1, 1: -0.5})
-    assert torch.allclose(adv, torch.tensor([0.9, 0.9, -0.5, 0.5]))
-    adv2, stats2 = rae_advantages(returns, roles, stats["baselines"], decay=0.9)
-    assert stats2["baselines"][0] == pytest.approx(0.9 * 0.1 + 0.1 * 1.0)
-    assert torch.allclose(adv2[:2], torch.tensor([1.0 - 0.19] * 2))
+    assert stats["baselines"] == pytest.approx({0: 0.19, 1: -0.5})
+    assert torch.allclose(adv, torch.tensor([0.81, 0.81, -0.5, 0.5]))
+    # the same rows as one trajectory of role 0 (two turns of one episode): one update
+    one, stats1 = rae_advantages(returns, roles, baselines, decay=0.9, segments=torch.tensor([0, 0, 1, 2]))
+    assert stats1["baselines"][0] == pytest.approx(0.1) and torch.allclose(one[:2], torch.tensor([0.9, 0.9]))
+    # a hundred trajectories move the baseline almost all the way to their mean
+    many = torch.ones(100)
+    _, stats2 = rae_advantages(many, torch.zeros(100, dtype=torch.long), {0: -1.0}, decay=0.9)
+    assert stats2["baselines"][0] == pytest.approx(1.0 - 2 * 0.9**100)
 
 
 def test_decoupled_ppo_matches_hand_values():
