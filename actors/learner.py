@@ -142,7 +142,7 @@ class LearnerActor:
         self._totals["rejected_episodes"] += len(stale)
         self._totals["rejected_tokens"] += sum(len(v) for v, k in zip(versions, keep) if not k)
         log.info("dropped %d episodes older than %d versions (learner at version %d)", len(stale),
-                    self.cfg.max_staleness, self.version)
+                 self.cfg.max_staleness, self.version)
         return table.filter(keep) if any(keep) else None
 
     def _save(self, model, tokenizer) -> None:

@@ -5,7 +5,10 @@
 The task is `tool_latency` (envs/tool_latency.py): multi-turn, every tool call takes a log-normal time
 (heavy-tailed: median 0.1 s, sigma 1.5, capped at 10 s) and every turn draws its own generation budget, so
 episodes vary a lot in length. The tiny model is warmed up on the task (half expert, half random-legal
-moves). Each eta is a real `tidal launch` (embedded Ray, ZeroMQ streams) that stops once the policy's
+moves), and starts at a training return of about -0.3 (a forfeit is -1, a right answer 1); the target
+is 0.4. A KL penalty to the base model and an entropy bonus keep it from collapsing into answering at
+once without a lookup (which it otherwise did after a minute or two at eta = 2: always the same
+number, no signal left to learn from). Each eta is a real `tidal launch` (embedded Ray, ZeroMQ streams) that stops once the policy's
 mean training return over the last 30 s reaches ``--target``, or after ``--minutes``.
 
 At eta = 0 every batch waits for its slowest episode and the learner waits for every batch; at eta > 0
@@ -35,7 +38,8 @@ TASK = [
     "env.args.env_args.latency_median_s=0.1", "env.args.env_args.latency_sigma=1.5",
     "env.args.env_args.latency_max_s=10", "env.args.env_args.min_new_tokens=6",
     "env.args.env_args.max_new_tokens=16", "sampling.max_new_tokens=16", "model.tiny.warmup_expert_share=0.5",
-    "replay.args.capacity_episodes=256", "eval.every_s=0", "eval.endpoint_games_per_seat=50",
+    "replay.args.capacity_episodes=256", "learner.args.lr=0.00025", "learner.args.objective.kl_coef=0.05",
+    "learner.args.objective.entropy_coef=0.01", "eval.every_s=0", "eval.endpoint_games_per_seat=50",
 ]
 
 
@@ -56,7 +60,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="eta 0 and 2, seconds each, in-process")
     parser.add_argument("--etas", type=int, nargs="+", default=[0, 2, 4])
-    parser.add_argument("--target", type=float, default=0.8, help="mean training return to reach")
+    parser.add_argument("--target", type=float, default=0.4, help="mean training return to reach")
     parser.add_argument("--minutes", type=float, default=12.0, help="the most each run may train")
     parser.add_argument("--out", default="runs/bench-async")
     args, overrides = parser.parse_known_args(argv)
