@@ -1,10 +1,17 @@
-"""Fixed opponents: seats played by a rule instead of a policy."""
+"""Fixed opponents: seats played by a rule instead of a policy. Each has ``act(game) -> action text``.
+
+An opponent reads the game object it plays, but only what the seat to move may know (its own card, the
+public history): ``minimax`` plays perfect TicTacToe, ``kuhn_equilibrium`` a Nash equilibrium of Kuhn Poker.
+"""
 
 from __future__ import annotations
 
+import functools
 import random
 
+from envs.actions import bracket
 from envs.base import Game
+from envs.tictactoe import LINES, format_move
 
 
 class RandomOpponent:
@@ -17,3 +24,84 @@ class RandomOpponent:
 
     def act(self, game: Game) -> str:
         return self.rng.choice(game.legal_actions())
+
+
+def _unwrap(game: Game, name: str, opponent: str):
+    inner = getattr(game, "game", game)  # through envs.invalid.InvalidActions
+    if getattr(inner, "name", None) != name:
+        raise ValueError(f"the {opponent} opponent plays {name} only, not {getattr(inner, 'name', inner)!r}")
+    return inner
+
+
+@functools.lru_cache(maxsize=None)
+def _negamax(board: tuple, player: int) -> tuple[float, tuple[int, ...]]:
+    """(value for ``player`` to move, its best cells) on a TicTacToe board of None/0/1 cells.
+
+    A win is worth more the sooner it comes (1 + free cells / 10), so a won position is finished, not toyed
+    with, and a lost one is dragged out."""
+    free = [c for c in range(9) if board[c] is None]
+    best, moves = -3.0, []
+    for cell in free:
+        after = board[:cell] + (player,) + board[cell + 1:]
+        if any(all(after[i] == player for i in line) for line in LINES):
+            value = 1 + len(free) / 10
+        elif len(free) == 1:
+            value = 0
+        else:
+            value = -_negamax(after, 1 - player)[0]
+        if value > best:
+            best, moves = value, [cell]
+        elif value == best:
+            moves.append(cell)
+    return best, tuple(moves)
+
+
+class MinimaxOpponent:
+    """Perfect TicTacToe: among the moves with the best game-theoretic value, a random one."""
+
+    name = "minimax"
+
+    def __init__(self, seed: int | None = None):
+        self.rng = random.Random(seed)
+
+    def act(self, game: Game) -> str:
+        board = _unwrap(game, "tictactoe", self.name).board
+        _, moves = _negamax(tuple(board), game.current_player)
+        return format_move(self.rng.choice(moves))
+
+
+class KuhnEquilibrium:
+    """Kuhn's equilibrium family (Kuhn, 1950), parameter ``alpha`` in [0, 1/3].
+
+    First player: with J bets with probability alpha, with K 3*alpha, with Q never; facing a bet after
+    checking, calls with Q with probability alpha + 1/3, always with K, never with J. Second player:
+    facing a bet, calls with K, with Q one time in three, never with J; after a check, bets with K, with J
+    one time in three (a bluff), never with Q. Against it the first player's value is -1/18 for every alpha.
+    """
+
+    name = "kuhn_equilibrium"
+
+    def __init__(self, seed: int | None = None, alpha: float = 1 / 6):
+        if not 0 <= alpha <= 1 / 3:
+            raise ValueError(f"alpha must be in [0, 1/3], not {alpha}")
+        self.rng, self.alpha = random.Random(seed), alpha
+
+    def policy(self, game: Game) -> dict[str, float]:
+        """The probability of each move for the player to move."""
+        kuhn = _unwrap(game, "kuhn_poker", self.name)
+        card, history, a = kuhn.cards[kuhn.current_player], kuhn.history, self.alpha
+        if history == []:
+            p_bet = (a, 0.0, 3 * a)[card]
+            return {"bet": p_bet, "check": 1 - p_bet}
+        if history == ["check", "bet"]:
+            p_call = (0.0, a + 1 / 3, 1.0)[card]
+            return {"call": p_call, "fold": 1 - p_call}
+        if history == ["bet"]:
+            p_call = (0.0, 1 / 3, 1.0)[card]
+            return {"call": p_call, "fold": 1 - p_call}
+        p_bet = (1 / 3, 0.0, 1.0)[card]  # after a check
+        return {"bet": p_bet, "check": 1 - p_bet}
+
+    def act(self, game: Game) -> str:
+        moves, weights = zip(*self.policy(game).items())
+        return bracket(self.rng.choices(moves, weights)[0])

@@ -11,7 +11,12 @@ from typing import Callable
 
 from envs.base import Game
 from envs.invalid import InvalidActions
-from envs.opponents import RandomOpponent
+from envs.countdown import Countdown
+from envs.guess_number import GuessNumber
+from envs.kuhn_poker import KuhnPoker
+from envs.liars_dice import LiarsDice
+from envs.negotiation import SimpleNegotiation
+from envs.opponents import KuhnEquilibrium, MinimaxOpponent, RandomOpponent
 from envs.single_agent import SingleAgentGame
 from envs.tictactoe import TicTacToe
 from envs.tool_latency import ToolLatencyTask
@@ -31,11 +36,18 @@ class Registered:
 
 
 ENVIRONMENTS: dict[str, Registered] = {
-    "tictactoe": Registered(TicTacToe, "2", "TicTacToe; move: a free cell in brackets, [5]"),
+    "tictactoe": Registered(TicTacToe, "2", "TicTacToe; a free cell: [5]"),
+    "kuhn_poker": Registered(KuhnPoker, "2", "Kuhn Poker, three cards, ante 1: [check] [bet] [call] [fold]"),
+    "negotiation": Registered(SimpleNegotiation, "2",
+                              "trade wood/stone/gold at private values: [offer 2 wood for 1 gold] [accept] [deny]"),
+    "liars_dice": Registered(LiarsDice, "2-6", "Liar's Dice (players=2..6, dice=2): [bid 3 5] [liar]"),
+    "guess_number": Registered(GuessNumber, "1", "find a hidden number with higher/lower feedback: [37]"),
+    "countdown": Registered(Countdown, "1", "reach a target with + - * /, verified exactly: [(25 - 5) * 4]"),
     "tool_latency": Registered(ToolLatencyTask, "1",
-                               "sum two hidden values via a slow lookup tool (heavy-tailed async latency)"),
+                               "sum hidden values via a slow lookup tool (heavy-tailed async latency): [lookup apple]"),
 }
-OPPONENTS: dict[str, Callable[..., object]] = {"random": RandomOpponent}
+OPPONENTS: dict[str, Callable[..., object]] = {
+    "random": RandomOpponent, "minimax": MinimaxOpponent, "kuhn_equilibrium": KuhnEquilibrium}
 
 
 def make(name: str, *, invalid_penalty: float = -1.0, max_retries: int = 0, retry_penalty: float = -0.1,

@@ -10,23 +10,21 @@ Rewards: +1 for a win, -1 for a loss, 0 for a draw. Seat 0 plays X and moves fir
 
 from __future__ import annotations
 
-import re
-
+from envs.actions import bracket, first_move
 from envs.base import StepResult
 
-MOVE_PATTERN = re.compile(r"\[\s*([1-9])\s*\]")
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 MARKS = ("X", "O")
+CELLS = tuple(str(n) for n in range(1, 10))
 
 
 def parse_move(text: str) -> int | None:
     """The cell index (0-8) a text names, or None when it names none."""
-    match = MOVE_PATTERN.search(text)
-    return int(match.group(1)) - 1 if match else None
+    return first_move(text, lambda inside: int(inside) - 1 if inside in CELLS else None)
 
 
 def format_move(cell: int) -> str:
-    return f"[{cell + 1}]"
+    return bracket(str(cell + 1))
 
 
 class TicTacToe:
@@ -57,6 +55,9 @@ class TicTacToe:
             for r in (0, 3, 6)
         ]
         return f"TicTacToe. You are {MARKS[player]}.\n" + "\n".join(rows) + "\nMove:"
+
+    def action_vocabulary(self) -> list[str]:
+        return [format_move(c) for c in range(9)]
 
     def legal_actions(self) -> list[str]:
         return [format_move(c) for c in range(9) if self.board[c] is None]
