@@ -28,7 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     launch.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. run.minutes=2 rollout.count=2")
     show = commands.add_parser("config", help="print the composed config")
     show.add_argument("overrides", nargs="*")
+    commands.add_parser("envs", help="list the environments and opponents (env.args.env_name=<name>)")
     args = parser.parse_args(argv)
+    if args.command == "envs":
+        from envs.registry import listing
+
+        print(listing())
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         cfg = load_config(args.overrides)

@@ -48,6 +48,7 @@ class EnvConfig:
     concurrency: int = 64  # live training episodes
     temperature: float = 1.0
     max_new_tokens: int = 8
+    max_prompt_tokens: int | None = None  # keep only the last this many prompt tokens (the model's context)
     env_args: dict = field(default_factory=dict)  # the environment's own arguments, e.g. {"players": 4}
     invalid_penalty: float = -1.0  # a forfeit: the mover's reward when it runs out of retries
     max_retries: int = 0  # invalid actions a turn may retry (each costs retry_penalty) before the forfeit
@@ -68,7 +69,7 @@ class EnvActor:
         self._waiting: dict[int, tuple[trio.Event, list]] = {}
         self._evaluations: dict[str, EvaluationTally] = {}
         self._stats = {"episodes": 0, "turns": 0, "invalid_actions": 0, "forfeits": 0, "errored": 0,
-                       "truncated_actions": 0, "admission_waits": 0,
+                       "truncated_actions": 0, "truncated_prompts": 0, "admission_waits": 0,
                        "train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
                        "abandoned_stale": 0}
         self._started = 0  # training episodes started and not dropped
@@ -260,6 +261,9 @@ class EnvActor:
     async def _policy_turn(self, prompt: str, row: dict, max_tokens: int | None = None) -> dict:
         """Ask the policy for a move; ``row`` holds the episode's and the turn's columns so far."""
         prompt_ids = self.tokenizer(prompt)["input_ids"]
+        if self.cfg.max_prompt_tokens and len(prompt_ids) > self.cfg.max_prompt_tokens:
+            prompt_ids = prompt_ids[-self.cfg.max_prompt_tokens:]
+            self._stats["truncated_prompts"] += 1
         completion = await self._generate(prompt_ids, max_tokens or self.cfg.max_new_tokens)
         self._stats["turns"] += 1
         self._stats["truncated_actions"] += not completion.finished

@@ -62,3 +62,14 @@ def test_ctrl_c_stops_the_run_and_keeps_its_metrics_and_plot(tiny_model_dir, tmp
     assert summary["interrupted"] and summary["start_nonloss"] is not None and summary["final_nonloss"] is None
     assert (tmp_path / "interrupted" / "learning_curve.png").exists()
     assert "non-loss vs random: start" in out
+
+
+def test_tidal_envs_lists_every_environment_and_opponent(capsys):
+    from envs.registry import ENVIRONMENTS, OPPONENTS
+
+    assert main(["envs"]) == 0
+    out = capsys.readouterr().out
+    listed = {line.split()[0] for line in out.splitlines()[1:] if line.strip() and not line.startswith("opponents")}
+    assert set(ENVIRONMENTS) | {"gem:<id>"} == listed
+    assert all(name in out.splitlines()[-1] for name in OPPONENTS)
+    assert "liars_dice         2-6" in out

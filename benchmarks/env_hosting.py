@@ -1,0 +1,170 @@
+"""Environment hosting: can one env actor keep 1,000 episodes stepping faster than GEM's own vector env?
+
+    python benchmarks/env_hosting.py [--quick] [--episodes 1000] [--steps 60000] [--transport memory|zmq]
+
+Side by side, in one run, on the same GEM game (``game:GuessTheNumber-v0-easy``) and the same number of
+environment steps, with a scripted policy (a random guess; no model):
+
+- GEM: ``AsyncVectorEnv`` (GEM's thread-pool vector env) of ``--episodes`` environments, stepped with a
+  batch of actions at a time.
+- tidal: one ``EnvActor`` hosting ``--episodes`` concurrent episodes of the same game through the GEM
+  adapter, each a trio task, asking a scripted rollout for every move over tidal's streams (tokenized
+  prompts and completions, Arrow episodes to a sink), exactly as in a run.
+
+Then the steps/s of each tidal game and task on its own (random legal play, no actor).
+The last line is ``vs_gem=<tidal steps/s over GEM's> tidal_steps_per_s=<n>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+GEM_GAME = "game:GuessTheNumber-v0-easy"  # numbers 1-10, 4 turns
+
+
+def guess(rng: random.Random) -> str:
+    return "\\boxed{%d}" % rng.randint(1, 10)
+
+
+def gem_steps_per_s(episodes: int, steps: int) -> float:
+    import gem
+
+    with contextlib.redirect_stdout(None):
+        vector = gem.make_vec([GEM_GAME] * episodes, async_mode=True)
+    vector.reset(seed=0)
+    rng, done = random.Random(0), 0
+    start = time.perf_counter()
+    while done < steps:
+        vector.step([guess(rng) for _ in range(episodes)])  # finished ones reset themselves (same step)
+        done += episodes
+    return done / (time.perf_counter() - start)
+
+
+async def _scripted_rollout(transport, receiver, answers: list[list[int]]):
+    """Answers each generation request with one of ``answers`` (token ids), at random."""
+    from actors.endpoints import Inbox, Outbox
+    from streams.messages import Completion, GenerationRequest
+    from streams.wire import Kind
+
+    inbox, replies, rng = Inbox(receiver, Kind.GENERATE, GenerationRequest.from_body), {}, random.Random(1)
+    async with trio.open_nursery() as nursery:
+        while True:
+            request = await inbox.receive()
+            if request.reply_to not in replies:
+                sender = await nursery.start(_open_sender, transport, request.reply_to)
+                replies[request.reply_to] = Outbox(sender, Kind.COMPLETION, "scripted")
+            tokens = rng.choice(answers)
+            completion = Completion(request.request_id, tokens, [0.0] * len(tokens), [0] * len(tokens), True)
+            await replies[request.reply_to].send(completion.to_body())
+
+
+async def _open_sender(transport, address, task_status=trio.TASK_STATUS_IGNORED):
+    async with transport.open_sender([address], capacity=4096) as sender:
+        task_status.started(sender)
+        await trio.sleep_forever()
+
+
+async def _drain(receiver):
+    while True:
+        await receiver.receive()
+
+
+def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir: Path) -> tuple[float, dict]:
+    from transformers import AutoTokenizer
+
+    from actors.env import EnvActor, EnvConfig
+    from streams.channels import MemoryTransport, ZmqTransport
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rng = random.Random(0)
+    answers = [tokenizer(guess(rng))["input_ids"] + [tokenizer.eos_token_id] for _ in range(50)]
+    result = {}
+
+    async def main():
+        transport = MemoryTransport() if transport_name == "memory" else ZmqTransport()
+        async with transport.open_receiver(capacity=4096) as requests, \
+                transport.open_receiver(capacity=1024) as sink, trio.open_nursery() as nursery:
+            nursery.start_soon(_scripted_rollout, transport, requests, answers)
+            nursery.start_soon(_drain, sink)
+            env = EnvActor(EnvConfig(tokenizer_path=str(model_dir), env_name="gem:" + GEM_GAME,
+                                     concurrency=episodes, batch_episodes=10**9))  # admission: no limit here
+            await nursery.start(env.run, transport, {"rollout": [requests.address], "reward": [sink.address]})
+            env.set_training(True)
+            while env.statistics()["turns"] < steps // 10:  # warm-up: every episode started
+                await trio.sleep(0.01)
+            first, start = env.statistics()["turns"], time.perf_counter()
+            while env.statistics()["turns"] < first + steps:
+                await trio.sleep(0.01)
+            stats = env.statistics()
+            result["rate"] = (stats["turns"] - first) / (time.perf_counter() - start)
+            result["stats"] = stats
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return result["rate"], result["stats"]
+
+
+def game_steps_per_s(seconds: float) -> dict[str, float]:
+    """Random legal play on each tidal environment alone: the cost of its rules."""
+    import envs
+    from envs.registry import ENVIRONMENTS
+
+    rates = {}
+    for name in sorted(ENVIRONMENTS):
+        kwargs = {"latency_median_s": 0.0} if name == "tool_latency" else {}
+        game, opponent, steps, seed = envs.make(name, **kwargs), envs.make_opponent("random", seed=0), 0, 0
+        game.reset(seed)
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            result = game.step(opponent.act(game))
+            if hasattr(result, "send"):  # a coroutine step: run it to its end (no sleep at latency 0)
+                result = trio.run(_awaited, result)
+            steps += 1
+            if result.terminated or result.truncated:
+                seed += 1
+                game.reset(seed)
+        rates[name] = steps / (time.perf_counter() - start)
+    return rates
+
+
+async def _awaited(pending):
+    return await pending
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps: about a minute")
+    parser.add_argument("--episodes", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=None, help="environment steps per side")
+    parser.add_argument("--transport", choices=["memory", "zmq"], default="memory")
+    args = parser.parse_args(argv)
+    steps = args.steps or (20_000 if args.quick else 100_000)
+    logging.basicConfig(level=logging.WARNING)
+
+    from actors.base_model import TinyModelConfig, ensure_base_model
+    from actors.cli import load_config
+
+    model = load_config([])["model"]  # the default job's tokenizer (only the tokenizer is used)
+    model_dir = ensure_base_model(model["cache_dir"], TinyModelConfig(**model["tiny"]))
+    gem_rate = gem_steps_per_s(args.episodes, steps)
+    print(f"GEM AsyncVectorEnv, {args.episodes} envs of {GEM_GAME}: {gem_rate:,.0f} steps/s", flush=True)
+    tidal_rate, stats = tidal_steps_per_s(args.episodes, steps, args.transport, model_dir)
+    print(f"tidal EnvActor ({args.transport} streams), {args.episodes} episodes of gem:{GEM_GAME}: "
+          f"{tidal_rate:,.0f} steps/s ({stats['episodes']} episodes, {stats['errored']} errored)", flush=True)
+    for name, rate in game_steps_per_s(1.0 if args.quick else 3.0).items():
+        print(f"  {name:<14} {rate:>10,.0f} steps/s (rules alone, random legal play)")
+    print(f"vs_gem={tidal_rate / gem_rate:.2f} tidal_steps_per_s={tidal_rate:.0f}")
+
+
+if __name__ == "__main__":
+    main()
