@@ -20,6 +20,7 @@ in ``statistics()["evaluations"]`` and never trained on.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import logging
@@ -68,19 +69,21 @@ class EnvActor:
         self._rng = random.Random(cfg.seed)
         self._waiting: dict[int, tuple[trio.Event, list]] = {}
         self._evaluations: dict[str, EvaluationTally] = {}
-        self._stats = {"episodes": 0, "turns": 0, "invalid_actions": 0, "forfeits": 0, "errored": 0,
+        self._stats = {"episodes": 0, "steps": 0, "turns": 0, "invalid_actions": 0, "forfeits": 0, "errored": 0,
                        "truncated_actions": 0, "truncated_prompts": 0, "admission_waits": 0,
                        "train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
                        "abandoned_stale": 0}
         self._started = 0  # training episodes started and not dropped
         self.learner_version = 0
-        self._return_sums = [0.0] * self._make_game().num_players  # also checks env_name and env_args now
+        self._idle_games = [self._make_game()]  # also checks env_name and env_args now
+        self._return_sums = [0.0] * self._idle_games[0].num_players
         self._nursery = None
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, self.cfg.tokenizer_path)
+        self.codec = TokenCodec(self.tokenizer)
         self._training_on = trio.Event()  # set while training episodes may start
         self._version_changed = trio.Event()
         topic = VERSION_TOPIC + self.cfg.policy_id.encode()
@@ -110,11 +113,14 @@ class EnvActor:
         else:
             self._training_on = trio.Event()
 
-    def evaluate(self, tag: str, games_per_seat: int, opponent: str = "random") -> None:
-        """Play ``games_per_seat`` games in each seat against ``opponent``; results under ``tag``."""
+    def evaluate(self, tag: str, games_per_seat: int, opponent: str = "random", player: str = POLICY) -> None:
+        """Play ``games_per_seat`` games with ``player`` in each seat in turn and ``opponent`` in the others;
+        results under ``tag``. ``player`` is the policy, or a fixed opponent's name (to calibrate a measure:
+        how does minimax fare against random? or to host games with no model at all)."""
         tally = self._evaluations[tag] = EvaluationTally(tag, opponent, games_per_seat)
-        seats_list = [self._seats(opponent, seat) for seat in range(len(self._return_sums))] * games_per_seat
-        self._nursery.start_soon(self._evaluate, tally, seats_list)
+        seats = range(len(self._return_sums))
+        matches = ((seat, self._seats(opponent, seat, player)) for _ in range(games_per_seat) for seat in seats)
+        self._nursery.start_soon(self._evaluate, tally, matches)
 
     def statistics(self) -> dict:
         episodes = max(self._stats["episodes"], 1)
@@ -125,6 +131,7 @@ class EnvActor:
             "learner_version": self.learner_version,
             "admission_limit": self._admission_limit(),
             **{f"mean_return_seat{seat}": total / episodes for seat, total in enumerate(self._return_sums)},
+            "prompt_cache_hits": self.codec.hits if self._nursery else 0,
             "dropped_frames": self._completions.statistics()["dropped_frames"] if self._nursery else 0,
             "evaluations": [t.summary() for t in self._evaluations.values()],
         }
@@ -157,9 +164,9 @@ class EnvActor:
                 self._started += 1
                 nursery.start_soon(self._train_one, slots)
 
-    def _seats(self, opponent: str, seat: int) -> list[str]:
-        """The policy in ``seat``, ``opponent`` in every other seat."""
-        return [POLICY if s == seat else opponent for s in range(len(self._return_sums))]
+    def _seats(self, opponent: str, seat: int, player: str = POLICY) -> list[str]:
+        """``player`` (the policy, by default) in ``seat``, ``opponent`` in every other seat."""
+        return [player if s == seat else opponent for s in range(len(self._return_sums))]
 
     def _training_seats(self) -> list[str]:
         """Mirror self-play, or (a share ``opponent_share`` of games) the policy in one seat against the opponent."""
@@ -181,18 +188,21 @@ class EnvActor:
         finally:
             slots.release()
 
-    async def _evaluate(self, tally: EvaluationTally, seats_list: list[list[str]]) -> None:
-        limit = trio.CapacityLimiter(self.cfg.concurrency)
+    async def _evaluate(self, tally: EvaluationTally, matches) -> None:
+        slots = trio.Semaphore(self.cfg.concurrency)  # a game starts when one ends: few tasks at any time
 
-        async def one(seats):
-            async with limit:
+        async def one(seat, seats):
+            try:
                 played = await self._play(seats, self._rng.randrange(2**31))
                 if played is not None:  # an errored game is counted in statistics()["errored"], not as a result
-                    tally.add(seats.index(POLICY), played[1], played[0])
+                    tally.add(seat, played[1], played[0])
+            finally:
+                slots.release()
 
         async with trio.open_nursery() as nursery:
-            for seats in seats_list:
-                nursery.start_soon(one, seats)
+            for seat, seats in matches:
+                await slots.acquire()
+                nursery.start_soon(one, seat, seats)
         tally.finish()
 
     def _make_game(self):
@@ -221,7 +231,8 @@ class EnvActor:
 
     async def _play_episode(self, episode_id: str, seats: list[str], seed: int,
                             staleness_bound: int | None) -> tuple[list[dict], list[float]]:
-        game = self._make_game()
+        # a finished game is reset and reused (making one can cost more than playing it); a raising one is not
+        game = self._idle_games.pop() if self._idle_games else self._make_game()
         game.reset(seed)
         opponents = {s: make_opponent(name, seed=seed + s) for s, name in enumerate(seats) if name != POLICY}
         episode = {  # what every row of this episode shares
@@ -234,6 +245,7 @@ class EnvActor:
             seat = game.current_player
             if seat in opponents:
                 text = opponents[seat].act(game)
+                await trio.lowlevel.checkpoint()  # a game of rules alone still lets the other episodes run
             else:
                 if staleness_bound is not None and credit.rows and \
                         self.learner_version - min(credit.rows[0][Columns.POLICY_VERSIONS] or [0]) > staleness_bound:
@@ -247,6 +259,7 @@ class EnvActor:
             if inspect.isawaitable(result):
                 result = await result
             credit.add_rewards(result.rewards)
+            self._stats["steps"] += 1
             if seat not in opponents:
                 credit.rows[-1][Columns.INVALID_ACTION] = result.invalid
                 self._stats["invalid_actions"] += result.invalid
@@ -254,13 +267,14 @@ class EnvActor:
             if result.terminated or result.truncated:
                 break
         credit.finish(result)
+        self._idle_games.append(game)
         self._stats["episodes"] += 1
         self._return_sums = [total + r for total, r in zip(self._return_sums, credit.returns)]
         return credit.rows, credit.returns
 
     async def _policy_turn(self, prompt: str, row: dict, max_tokens: int | None = None) -> dict:
         """Ask the policy for a move; ``row`` holds the episode's and the turn's columns so far."""
-        prompt_ids = self.tokenizer(prompt)["input_ids"]
+        prompt_ids = self.codec.encode(prompt)
         if self.cfg.max_prompt_tokens and len(prompt_ids) > self.cfg.max_prompt_tokens:
             prompt_ids = prompt_ids[-self.cfg.max_prompt_tokens:]
             self._stats["truncated_prompts"] += 1
@@ -269,7 +283,7 @@ class EnvActor:
         self._stats["truncated_actions"] += not completion.finished
         return {
             **row, Columns.PROMPT_IDS: prompt_ids, Columns.ACTION_IDS: completion.token_ids,
-            Columns.ACTION_TEXT: self.tokenizer.decode(completion.token_ids, skip_special_tokens=True),
+            Columns.ACTION_TEXT: self.codec.decode(completion.token_ids),
             Columns.BEHAVIOUR_LOGPROBS: completion.logprobs, Columns.POLICY_VERSIONS: completion.versions,
             Columns.REWARD: 0.0, Columns.TERMINATED: False, Columns.TRUNCATED: False,
             Columns.EPISODE_RETURN: 0.0, Columns.INVALID_ACTION: False,
@@ -302,6 +316,31 @@ class EnvActor:
 
 class _FellBehind(Exception):
     """A training episode whose first tokens are already older than the staleness bound allows."""
+
+
+class TokenCodec:
+    """Prompts to token ids and actions to text, through the fast tokenizer's core when there is one.
+
+    Prompts repeat (instructions, first observations, templated feedback), so their ids are cached by text
+    (``cache_size`` of them, least recently used out): the same ids ``tokenizer(prompt)`` gives.
+    """
+
+    def __init__(self, tokenizer, cache_size: int = 8192):
+        core = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
+        if core is not None:
+            self._encode_new = lambda text: tuple(core.encode(text).ids)
+            self.decode = lambda ids: core.decode(ids, skip_special_tokens=True)
+        else:
+            self._encode_new = lambda text: tuple(tokenizer(text)["input_ids"])
+            self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+        self._cached = functools.lru_cache(maxsize=cache_size)(self._encode_new)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._cached(text))
+
+    @property
+    def hits(self) -> int:
+        return self._cached.cache_info().hits
 
 
 class RewardCredit:

@@ -79,7 +79,14 @@ async def _drain(receiver):
         await receiver.receive()
 
 
-def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir: Path) -> tuple[float, dict]:
+def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir: Path,
+                      through_rollout: bool) -> tuple[float, dict]:
+    """Environment steps/s of one EnvActor with ``episodes`` live episodes of the GEM game.
+
+    ``through_rollout=False``: the scripted policy (GEM's own random action) sits in the seat as a fixed
+    player, as GEM's driver loop calls it. ``True``: every move is asked of a scripted rollout actor over
+    tidal's streams (tokenized prompt out, completion back, an Arrow episode to a sink), as in a run.
+    """
     from transformers import AutoTokenizer
 
     from actors.env import EnvActor, EnvConfig
@@ -99,14 +106,17 @@ def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir:
             env = EnvActor(EnvConfig(tokenizer_path=str(model_dir), env_name="gem:" + GEM_GAME,
                                      concurrency=episodes, batch_episodes=10**9))  # admission: no limit here
             await nursery.start(env.run, transport, {"rollout": [requests.address], "reward": [sink.address]})
-            env.set_training(True)
-            while env.statistics()["turns"] < steps // 10:  # warm-up: every episode started
+            if through_rollout:
+                env.set_training(True)
+            else:  # games with the scripted player in the one seat; far more than will be played
+                env.evaluate("hosting", games_per_seat=10**7, opponent="random", player="random")
+            while env.statistics()["steps"] < steps // 10:  # warm-up: every episode started
                 await trio.sleep(0.01)
-            first, start = env.statistics()["turns"], time.perf_counter()
-            while env.statistics()["turns"] < first + steps:
+            first, start = env.statistics()["steps"], time.perf_counter()
+            while env.statistics()["steps"] < first + steps:
                 await trio.sleep(0.01)
             stats = env.statistics()
-            result["rate"] = (stats["turns"] - first) / (time.perf_counter() - start)
+            result["rate"] = (stats["steps"] - first) / (time.perf_counter() - start)
             result["stats"] = stats
             nursery.cancel_scope.cancel()
 
@@ -115,30 +125,30 @@ def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir:
 
 
 def game_steps_per_s(seconds: float) -> dict[str, float]:
-    """Random legal play on each tidal environment alone: the cost of its rules."""
-    import envs
+    """Random legal play on each tidal environment alone (no actor): the cost of its rules."""
     from envs.registry import ENVIRONMENTS
 
-    rates = {}
-    for name in sorted(ENVIRONMENTS):
-        kwargs = {"latency_median_s": 0.0} if name == "tool_latency" else {}
-        game, opponent, steps, seed = envs.make(name, **kwargs), envs.make_opponent("random", seed=0), 0, 0
-        game.reset(seed)
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            result = game.step(opponent.act(game))
-            if hasattr(result, "send"):  # a coroutine step: run it to its end (no sleep at latency 0)
-                result = trio.run(_awaited, result)
-            steps += 1
-            if result.terminated or result.truncated:
-                seed += 1
-                game.reset(seed)
-        rates[name] = steps / (time.perf_counter() - start)
-    return rates
+    return {name: trio.run(_random_play, name, seconds) for name in sorted(ENVIRONMENTS)}
 
 
-async def _awaited(pending):
-    return await pending
+async def _random_play(name: str, seconds: float) -> float:
+    import inspect
+
+    import envs
+
+    kwargs = {"latency_median_s": 0.0} if name == "tool_latency" else {}  # the rules, not the tool's wait
+    game, opponent, steps, seed = envs.make(name, **kwargs), envs.make_opponent("random", seed=0), 0, 0
+    game.reset(seed)
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        result = game.step(opponent.act(game))
+        if inspect.isawaitable(result):
+            result = await result
+        steps += 1
+        if result.terminated or result.truncated:
+            seed += 1
+            game.reset(seed)
+    return steps / (time.perf_counter() - start)
 
 
 def main(argv=None) -> None:
@@ -158,9 +168,13 @@ def main(argv=None) -> None:
     model_dir = ensure_base_model(model["cache_dir"], TinyModelConfig(**model["tiny"]))
     gem_rate = gem_steps_per_s(args.episodes, steps)
     print(f"GEM AsyncVectorEnv, {args.episodes} envs of {GEM_GAME}: {gem_rate:,.0f} steps/s", flush=True)
-    tidal_rate, stats = tidal_steps_per_s(args.episodes, steps, args.transport, model_dir)
-    print(f"tidal EnvActor ({args.transport} streams), {args.episodes} episodes of gem:{GEM_GAME}: "
+    tidal_rate, stats = tidal_steps_per_s(args.episodes, steps, args.transport, model_dir, through_rollout=False)
+    print(f"tidal EnvActor, {args.episodes} live episodes of gem:{GEM_GAME}, scripted player in the seat: "
           f"{tidal_rate:,.0f} steps/s ({stats['episodes']} episodes, {stats['errored']} errored)", flush=True)
+    protocol_rate, stats = tidal_steps_per_s(args.episodes, steps // 5, args.transport, model_dir, through_rollout=True)
+    print(f"tidal EnvActor, the same, every move asked of a scripted rollout over {args.transport} streams "
+          f"(tokenize, request, completion, Arrow episode): {protocol_rate:,.0f} steps/s "
+          f"({protocol_rate / gem_rate:.2f}x GEM; {stats['prompt_cache_hits']} prompt-cache hits)", flush=True)
     for name, rate in game_steps_per_s(1.0 if args.quick else 3.0).items():
         print(f"  {name:<14} {rate:>10,.0f} steps/s (rules alone, random legal play)")
     print(f"vs_gem={tidal_rate / gem_rate:.2f} tidal_steps_per_s={tidal_rate:.0f}")

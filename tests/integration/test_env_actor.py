@@ -88,33 +88,38 @@ def test_a_share_of_training_games_against_the_fixed_opponent(tiny_model_dir):
 
 
 class FlakyTicTacToe:
-    """TicTacToe whose every other game raises on its second move: an environment with a bug."""
+    """TicTacToe whose every other episode raises on its second move: an environment with a bug."""
 
-    games = 0
+    episodes = 0
 
-    def __new__(cls):
+    def __init__(self):
         from envs.tictactoe import TicTacToe
 
-        game = TicTacToe()
-        FlakyTicTacToe.games += 1
-        if FlakyTicTacToe.games % 2 == 0:
-            step = game.step
+        self.game, self.name, self.num_players = TicTacToe(), "flaky", 2
 
-            def failing_step(text):
-                if game.moves == 1:
-                    raise RuntimeError("the environment broke")
-                return step(text)
+    def __getattr__(self, name):
+        return getattr(self.game, name)
 
-            game.step = failing_step
-        return game
+    def reset(self, seed):
+        FlakyTicTacToe.episodes += 1
+        self.broken = FlakyTicTacToe.episodes % 2 == 0
+        self.game.reset(seed)
+
+    def step(self, text):
+        if self.broken and self.game.moves == 1:
+            raise RuntimeError("the environment broke")
+        return self.game.step(text)
 
 
-def test_an_environment_that_raises_loses_its_episode_only(tiny_model_dir, monkeypatch):
+def test_an_environment_that_raises_loses_its_episode_only(tiny_model_dir, monkeypatch, caplog):
     from envs import registry
 
     monkeypatch.setitem(registry.ENVIRONMENTS, "flaky", registry.Registered(FlakyTicTacToe, "2", "raises"))
     *episodes, stats = run_episodes(tiny_model_dir, "[5]", episodes=6, env_name="flaky")
     assert len(episodes) == 6 and stats["errored"] >= 5  # the others kept going
+    assert all(len(table) == 2 for table in episodes)  # whole games: X takes 5, O repeats it and forfeits
+    errors = [r for r in caplog.records if "raised in episode" in r.getMessage()]
+    assert len(errors) == stats["errored"] and "the environment broke" in str(errors[0].exc_info[1])
 
 
 def tool_script(prompt: str) -> str:
