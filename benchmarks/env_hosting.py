@@ -50,28 +50,17 @@ def gem_steps_per_s(episodes: int, steps: int) -> float:
     return done / (time.perf_counter() - start)
 
 
-async def _scripted_rollout(transport, receiver, answers: list[list[int]]):
-    """Answers each generation request with one of ``answers`` (token ids), at random."""
-    from actors.endpoints import Inbox, Outbox
-    from streams.messages import Completion, GenerationRequest
-    from streams.wire import Kind
+def _random_answers(answers: list[list[int]]):
+    """A rule for the scripted rollout: one of ``answers`` (token ids), at random."""
+    from streams.messages import Completion
 
-    inbox, replies, rng = Inbox(receiver, Kind.GENERATE, GenerationRequest.from_body), {}, random.Random(1)
-    async with trio.open_nursery() as nursery:
-        while True:
-            request = await inbox.receive()
-            if request.reply_to not in replies:
-                sender = await nursery.start(_open_sender, transport, request.reply_to)
-                replies[request.reply_to] = Outbox(sender, Kind.COMPLETION, "scripted")
-            tokens = rng.choice(answers)
-            completion = Completion(request.request_id, tokens, [0.0] * len(tokens), [0] * len(tokens), True)
-            await replies[request.reply_to].send(completion.to_body())
+    rng = random.Random(1)
 
+    def reply(request):
+        tokens = rng.choice(answers)
+        return Completion(request.request_id, tokens, [0.0] * len(tokens), [0] * len(tokens), True)
 
-async def _open_sender(transport, address, task_status=trio.TASK_STATUS_IGNORED):
-    async with transport.open_sender([address], capacity=4096) as sender:
-        task_status.started(sender)
-        await trio.sleep_forever()
+    return reply
 
 
 async def _drain(receiver):
@@ -90,6 +79,7 @@ def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir:
     from transformers import AutoTokenizer
 
     from actors.env import EnvActor, EnvConfig
+    from actors.scripted_rollout import serve_scripted
     from streams.channels import MemoryTransport, ZmqTransport
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -101,7 +91,7 @@ def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir:
         transport = MemoryTransport() if transport_name == "memory" else ZmqTransport()
         async with transport.open_receiver(capacity=4096) as requests, \
                 transport.open_receiver(capacity=1024) as sink, trio.open_nursery() as nursery:
-            nursery.start_soon(_scripted_rollout, transport, requests, answers)
+            nursery.start_soon(serve_scripted, transport, requests, _random_answers(answers))
             nursery.start_soon(_drain, sink)
             env = EnvActor(EnvConfig(tokenizer_path=str(model_dir), env_name="gem:" + GEM_GAME,
                                      concurrency=episodes, batch_episodes=10**9))  # admission: no limit here

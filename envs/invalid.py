@@ -14,8 +14,6 @@ a ``StepResult`` with ``invalid=True``, so the env actor counts them.
 
 from __future__ import annotations
 
-import inspect
-
 from envs.base import Game, StepResult
 
 
@@ -49,7 +47,7 @@ class InvalidActions:
             raise RuntimeError("step() on a finished game; call reset() first")
         mover = self.game.current_player
         result = self.game.step(action_text)
-        if inspect.isawaitable(result):
+        if not isinstance(result, StepResult):  # a coroutine step
             return self._judge_later(result, mover, action_text)
         return self._judge(result, mover, action_text)
 

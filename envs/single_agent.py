@@ -6,8 +6,6 @@ is awaited. The observation the env returns is the next prompt.
 
 from __future__ import annotations
 
-import inspect
-
 from envs.base import Env, StepResult
 
 INVALID_KEY = "invalid_action"  # info key by which an Env says an action changed nothing
@@ -46,7 +44,7 @@ class SingleAgentGame:
 
     def step(self, action_text: str):
         outcome = self.env.step(action_text)
-        if inspect.isawaitable(outcome):
+        if not isinstance(outcome, (tuple, list)):  # a coroutine step
             return self._result_later(outcome)
         return self._result(outcome)
 

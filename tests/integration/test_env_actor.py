@@ -5,10 +5,11 @@ import trio
 import trio.testing
 from transformers import AutoTokenizer
 
-from actors.endpoints import Inbox, Outbox
+from actors.endpoints import Inbox
 from actors.env import EnvActor, EnvConfig
+from actors.scripted_rollout import serve_scripted
 from streams.channels import MemoryTransport
-from streams.messages import Completion, GenerationRequest
+from streams.messages import Completion
 from streams.schema import Columns, decode_table
 from streams.wire import Kind
 
@@ -16,27 +17,15 @@ from streams.wire import Kind
 async def scripted_rollout(transport, receiver, tokenizer, answer, version: int = 5, requests: list | None = None):
     """Answers every generation request with ``answer`` (a text, or a function of the prompt's text), as
     version ``version`` of the policy; keeps each request in ``requests`` if given."""
-    inbox = Inbox(receiver, Kind.GENERATE, GenerationRequest.from_body)
-    replies = {}
     script = answer if callable(answer) else lambda prompt: answer
-    async with trio.open_nursery() as nursery:
-        while True:
-            request = await inbox.receive()
-            if request.reply_to not in replies:
-                sender = await nursery.start(_open_sender, transport, request.reply_to)
-                replies[request.reply_to] = Outbox(sender, Kind.COMPLETION, "scripted")
-            if requests is not None:
-                requests.append(request)
-            text = script(tokenizer.decode(request.prompt_ids))
-            tokens = tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
-            completion = Completion(request.request_id, tokens, [-0.5] * len(tokens), [version] * len(tokens), True)
-            await replies[request.reply_to].send(completion.to_body())
 
+    def reply(request):
+        if requests is not None:
+            requests.append(request)
+        tokens = tokenizer(script(tokenizer.decode(request.prompt_ids)))["input_ids"] + [tokenizer.eos_token_id]
+        return Completion(request.request_id, tokens, [-0.5] * len(tokens), [version] * len(tokens), True)
 
-async def _open_sender(transport, address, task_status=trio.TASK_STATUS_IGNORED):
-    async with transport.open_sender([address]) as sender:
-        task_status.started(sender)
-        await trio.sleep_forever()
+    await serve_scripted(transport, receiver, reply)
 
 
 def run_episodes(tiny_model_dir, answer, episodes: int, clock=None, record_requests=None, concurrency=4, **env_args):
@@ -202,3 +191,32 @@ def test_a_training_episode_that_falls_behind_the_bound_is_abandoned_and_gives_i
     assert stats["episodes"] == 0 and stats["train_episodes"] == 0  # none finished, none was sent
     assert stats["started"] <= 4  # abandoned games gave their admission back: only the live ones count
     assert seen["episode"].num_rows >= 2
+
+
+def evaluate_without_model(tiny_model_dir, games_per_seat, **kwargs) -> dict:
+    """An env actor's evaluation with a fixed player in the evaluated seat: no rollout is ever asked."""
+    result = {}
+
+    async def main():
+        transport = MemoryTransport()
+        async with transport.open_receiver() as requests, transport.open_receiver() as rewards, \
+                trio.open_nursery() as nursery:
+            env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir), concurrency=16))
+            await nursery.start(env.run, transport, {"rollout": [requests.address], "reward": [rewards.address]})
+            env.evaluate("calibration", games_per_seat, **kwargs)
+            while not (summary := env.statistics()["evaluations"][0])["done"]:
+                await trio.sleep(0.01)
+            result.update(summary=summary, stats=env.statistics(), requests=requests.statistics())
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return result
+
+
+def test_an_evaluation_can_seat_a_fixed_player_minimax_never_loses_to_random(tiny_model_dir):
+    result = evaluate_without_model(tiny_model_dir, 30, opponent="random", player="minimax")
+    seats = result["summary"]["seats"]
+    assert [seats[s]["games"] for s in (0, 1)] == [30, 30] and all(seats[s]["losses"] == 0 for s in (0, 1))
+    assert seats[0]["wins"] > 20  # first to move, perfect play beats random almost always
+    assert result["summary"]["nonloss"] == 1.0 and result["stats"]["turns"] == 0  # the policy never played
+    assert result["stats"]["steps"] >= 60 * 5

@@ -8,8 +8,8 @@ import pytest
 import envs
 from envs.countdown import Countdown, evaluate, parse_expression
 from envs.guess_number import GuessNumber
-from envs.kuhn_poker import KuhnPoker
 from envs.opponents import KuhnEquilibrium, MinimaxOpponent, _negamax
+from tests.unit.test_games import kuhn
 
 
 def test_guess_number_feedback_then_success():
@@ -102,12 +102,7 @@ def kuhn_value(strategies):
     total = Fraction(0)
     for cards in itertools.permutations(range(3), 2):
         def walk(moves):
-            game = KuhnPoker()
-            game.reset(0)
-            game.cards = list(cards)
-            result = None
-            for move in moves:
-                result = game.step(f"[{move}]")
+            game, result = kuhn(cards, moves)
             if result is not None and result.terminated:
                 return Fraction(result.rewards[0])
             policy = strategies[game.current_player].policy(game)
