@@ -1,6 +1,6 @@
 """Environment hosting: can one env actor keep 1,000 episodes stepping faster than GEM's own vector env?
 
-    python benchmarks/env_hosting.py [--quick] [--episodes 1000] [--steps 60000] [--transport memory|zmq]
+    python benchmarks/env_hosting.py [--quick] [--episodes 1000] [--steps 60000] [--rounds 3] [--transport memory|zmq]
 
 Side by side, in one run, on the same GEM game (``game:GuessTheNumber-v0-easy``) and the same number of
 environment steps, with a scripted policy (a random guess; no model):
@@ -8,8 +8,11 @@ environment steps, with a scripted policy (a random guess; no model):
 - GEM: ``AsyncVectorEnv`` (GEM's thread-pool vector env) of ``--episodes`` environments, stepped with a
   batch of actions at a time.
 - tidal: one ``EnvActor`` hosting ``--episodes`` concurrent episodes of the same game through the GEM
-  adapter, each a trio task, asking a scripted rollout for every move over tidal's streams (tokenized
-  prompts and completions, Arrow episodes to a sink), exactly as in a run.
+  adapter, each a trio task, the same scripted policy (GEM's own random action) in the seat. The two take
+  turns for ``--rounds`` rounds and the medians count (the machine's load changes; GEM's thousand threads
+  suffer most from it).
+- then, for scale: the same episodes with every move asked of a scripted rollout actor over tidal's streams
+  (tokenized prompt, generation request, completion, an Arrow episode to a sink), as in a training run.
 
 Then the steps/s of each tidal game and task on its own (random legal play, no actor).
 The last line is ``vs_gem=<tidal steps/s over GEM's> tidal_steps_per_s=<n>``.
@@ -21,6 +24,7 @@ import argparse
 import contextlib
 import logging
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,6 +47,8 @@ def gem_steps_per_s(episodes: int, steps: int) -> float:
         vector = gem.make_vec([GEM_GAME] * episodes, async_mode=True)
     vector.reset(seed=0)
     rng, done = random.Random(0), 0
+    for _ in range(max(2, steps // episodes // 10)):  # warm-up, untimed: the pool's threads start
+        vector.step([guess(rng) for _ in range(episodes)])
     start = time.perf_counter()
     while done < steps:
         vector.step([guess(rng) for _ in range(episodes)])  # finished ones reset themselves (same step)
@@ -147,24 +153,34 @@ def main(argv=None) -> None:
     parser.add_argument("--episodes", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=None, help="environment steps per side")
     parser.add_argument("--transport", choices=["memory", "zmq"], default="memory")
+    parser.add_argument("--rounds", type=int, default=3, help="GEM and tidal alternate; medians are reported")
     args = parser.parse_args(argv)
-    steps = args.steps or (20_000 if args.quick else 100_000)
+    steps = args.steps or (10_000 if args.quick else 60_000)
     logging.basicConfig(level=logging.WARNING)
 
-    from actors.base_model import TinyModelConfig, ensure_base_model
+    from actors.base_model import ensure_base_model, tiny_model_config
     from actors.cli import load_config
 
-    model = load_config([])["model"]  # the default job's tokenizer (only the tokenizer is used)
-    model_dir = ensure_base_model(model["cache_dir"], TinyModelConfig(**model["tiny"]))
-    gem_rate = gem_steps_per_s(args.episodes, steps)
-    print(f"GEM AsyncVectorEnv, {args.episodes} envs of {GEM_GAME}: {gem_rate:,.0f} steps/s", flush=True)
-    tidal_rate, stats = tidal_steps_per_s(args.episodes, steps, args.transport, model_dir, through_rollout=False)
+    cfg = load_config([])  # the default job's tiny model: only its tokenizer is used
+    model_dir = ensure_base_model(cfg["model"]["cache_dir"], tiny_model_config(cfg))
+    # GEM and tidal take turns, so a change in the machine's load falls on both; medians of the rounds
+    gem_rates, tidal_rates = [], []
+    for round_ in range(args.rounds):
+        gem_rates.append(gem_steps_per_s(args.episodes, steps))
+        rate, stats = tidal_steps_per_s(args.episodes, steps, args.transport, model_dir, through_rollout=False)
+        tidal_rates.append(rate)
+        print(f"round {round_ + 1}: GEM AsyncVectorEnv {gem_rates[-1]:,.0f} steps/s, tidal EnvActor {rate:,.0f} steps/s "
+              f"(ratio {rate / gem_rates[-1]:.2f}; {stats['episodes']} episodes, {stats['errored']} errored)", flush=True)
+    gem_rate, tidal_rate = statistics.median(gem_rates), statistics.median(tidal_rates)
+    print(f"GEM AsyncVectorEnv, {args.episodes} envs of {GEM_GAME}: {gem_rate:,.0f} steps/s (median)")
     print(f"tidal EnvActor, {args.episodes} live episodes of gem:{GEM_GAME}, scripted player in the seat: "
-          f"{tidal_rate:,.0f} steps/s ({stats['episodes']} episodes, {stats['errored']} errored)", flush=True)
+          f"{tidal_rate:,.0f} steps/s (median)", flush=True)
     protocol_rate, stats = tidal_steps_per_s(args.episodes, steps // 5, args.transport, model_dir, through_rollout=True)
+    gem_after = gem_steps_per_s(args.episodes, steps // 5)
     print(f"tidal EnvActor, the same, every move asked of a scripted rollout over {args.transport} streams "
           f"(tokenize, request, completion, Arrow episode): {protocol_rate:,.0f} steps/s "
-          f"({protocol_rate / gem_rate:.2f}x GEM; {stats['prompt_cache_hits']} prompt-cache hits)", flush=True)
+          f"({protocol_rate / gem_after:.2f}x GEM's {gem_after:,.0f} measured right after; "
+          f"{stats['prompt_cache_hits']} prompt-cache hits)", flush=True)
     for name, rate in game_steps_per_s(1.0 if args.quick else 3.0).items():
         print(f"  {name:<14} {rate:>10,.0f} steps/s (rules alone, random legal play)")
     print(f"vs_gem={tidal_rate / gem_rate:.2f} tidal_steps_per_s={tidal_rate:.0f}")
