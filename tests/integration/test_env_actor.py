@@ -108,7 +108,8 @@ def test_an_environment_that_raises_loses_its_episode_only(tiny_model_dir, monke
     assert len(episodes) == 6 and stats["errored"] >= 5  # the others kept going
     assert all(len(table) == 2 for table in episodes)  # whole games: X takes 5, O repeats it and forfeits
     errors = [r for r in caplog.records if "raised in episode" in r.getMessage()]
-    assert len(errors) == stats["errored"] and "the environment broke" in str(errors[0].exc_info[1])
+    # each errored episode is logged with its traceback (more may end between the snapshot and the stop)
+    assert len(errors) >= stats["errored"] and all("the environment broke" in str(r.exc_info[1]) for r in errors)
 
 
 def tool_script(prompt: str) -> str:
