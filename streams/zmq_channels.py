@@ -58,13 +58,12 @@ class _TrioSocket:
 
     async def send(self, parts: list) -> float | None:
         """Send one message, waiting while the peers are full. Returns seconds waited, or None."""
-        send = functools.partial(self.socket.send_multipart, parts, zmq.NOBLOCK, copy=False)
-        _, waited = await self._call(send, zmq.POLLOUT)
+        _, waited = await self._call(functools.partial(_send_parts, self.socket, parts), zmq.POLLOUT)
         return waited
 
     def send_nowait(self, parts: list) -> None:
         """Send without waiting (on a socket whose queues the credit protocol bounds); raises zmq.Again."""
-        self.socket.send_multipart(parts, zmq.NOBLOCK, copy=False)
+        _send_parts(self.socket, parts)
         self.wake()
 
     async def receive(self, before_wait=None) -> list:
@@ -106,6 +105,17 @@ class _TrioSocket:
     def close(self, linger_ms: int) -> None:
         trio.lowlevel.notify_closing(self._fd)
         self.socket.close(linger=linger_ms)
+
+
+def _send_parts(socket: zmq.Socket, parts: list) -> None:
+    """One message; large parts zero-copy, small ones copied (a zero-copy frame costs more than a small copy).
+
+    The first part raises zmq.Again if the socket cannot take the message; later parts then always go.
+    """
+    last = len(parts) - 1
+    for i, part in enumerate(parts):
+        flags = zmq.NOBLOCK | (zmq.SNDMORE if i < last else 0)
+        socket.send(part, flags, copy=len(part) < ZERO_COPY_BYTES)
 
 
 def _part(frame: zmq.Frame) -> bytes | memoryview:
