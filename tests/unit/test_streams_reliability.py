@@ -176,3 +176,10 @@ def test_curve_streams_admit_only_the_clusters_clients(tmp_path):
         context.destroy(linger=0)
 
     trio.run(test)
+
+
+def test_a_cluster_beyond_loopback_without_keys_does_not_start():
+    from actors.launcher import RayCluster
+
+    with pytest.raises(ValueError, match="set ray.curve_dir"):
+        RayCluster(host="10.1.2.3")
