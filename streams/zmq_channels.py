@@ -64,7 +64,8 @@ class _TrioSocket:
     def send_nowait(self, parts: list) -> None:
         """Send without waiting (on a socket whose queues the credit protocol bounds); raises zmq.Again."""
         _send_parts(self.socket, parts)
-        self.wake()
+        if self._wait_scope is not None and self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.wake()  # the send may have taken the FD's edge for a message that is now waiting
 
     async def receive(self, before_wait=None) -> list:
         """The next message; calls ``before_wait()`` each time it is about to wait for one."""
