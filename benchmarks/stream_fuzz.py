@@ -35,7 +35,7 @@ OVERSIZED_BYTES = 300 * 2**20  # at most this many bytes of oversized frames per
 
 
 def example_bodies() -> dict[Kind, bytes]:
-    from benchmarks.streams import trajectory_batch
+    from benchmarks.stream_bench import trajectory_batch
 
     episode = encode_table(trajectory_batch(1))
     return {
