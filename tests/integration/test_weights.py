@@ -50,12 +50,12 @@ def test_a_late_joiner_gets_the_latest_version_checked(tmp_path):
             assert (manifest.version, manifest.chunks) == (2, 4)
 
             local = WeightsFollower(transport)  # same host: reads the shared-memory file
-            assert await local.fetch(manifest) == sent[2]
+            assert bytes(await local.fetch(manifest)) == sent[2]
             assert local.stats["from_shared_memory"] == 1
 
             remote = WeightsFollower(transport)
             remote.host = "another-host"  # as if on another machine: the chunks come over ZeroMQ
-            assert await remote.fetch(manifest) == sent[2]
+            assert bytes(await remote.fetch(manifest)) == sent[2]
             assert remote.stats["from_chunks"] == 1 and weights.stats["chunks_served"] == 4
 
             gone = WeightsManifest(**{**manifest.__dict__, "version": 0})  # no longer kept by the learner

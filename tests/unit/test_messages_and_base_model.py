@@ -34,7 +34,7 @@ def test_malformed_messages_raise_frame_errors():
         GenerationRequest.from_body(GenerationRequest(1, "/etc/passwd", "main", [1], 1.0, 4).to_body())
     with pytest.raises(FrameError, match="field temperature is a str"):
         GenerationRequest.from_body(pack({"id": 1, "reply_to": "mem://a", "policy": "main", "prompt": b"\x01\x00\x00\x00",
-                                          "temperature": "hot", "max_tokens": 4}))
+                                          "temperature": "hot", "max_tokens": 4, "min_version": 0}))
     with pytest.raises(FrameError, match="out of range"):
         GenerationRequest.from_body(GenerationRequest(1, "mem://a", "main", [1], 1.0, 10**9).to_body())
 
