@@ -97,7 +97,11 @@ def run_processes(consumer, producer, producers: int, batches: int, records: int
     sending = [ctx.Process(target=producer, args=(address, i, batches, records)) for i in range(producers)]
     for process in sending:
         process.start()
-    _, seconds = results.get(timeout=600)
+    try:
+        _, seconds = results.get(timeout=300)
+    except Exception:
+        states = [(p.name, p.is_alive(), p.exitcode) for p in [receiving, *sending]]
+        raise RuntimeError(f"{consumer.__name__}: no result in 300 s; processes (name, alive, exit code): {states}")
     for process in [receiving, *sending]:
         process.join()
     return (total - 1) * records / seconds
