@@ -1,19 +1,16 @@
 """Typed ends of streams for actors: frames out with a sequence number, frames in checked and counted.
 
-A malformed frame (bad header, unknown kind, other version, bad body) is dropped with a log line and a
-counter; it never reaches the actor's logic and is never executed.
+A malformed, oversized, unknown-kind, wrong-version or wrong-kind frame, or one whose body does not decode
+(`bad_body`), is dropped with a log line (`wire.DropLog`) and counted by reason; it never reaches the actor's logic, never
+crashes it, and is never executed or unpickled.
 """
 
 from __future__ import annotations
 
-import logging
-from collections import Counter
 from typing import Callable, TypeVar
 
-from streams.schema import SchemaError
-from streams.wire import FrameCounter, FrameError, Kind, decode_frame
+from streams.wire import DropLog, FrameCounter, FrameError, Kind, decode_frame
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -31,13 +28,22 @@ class Outbox:
         else:
             await self.channel.publish(self.topic, parts)
 
+    def statistics(self) -> dict:
+        return self.channel.statistics()
+
 
 class Inbox:
-    """Receives frames of one kind and decodes their bodies with ``decode``; drops and counts bad ones."""
+    """Receives frames of one kind and decodes their bodies with ``decode``; drops and counts bad ones.
+
+    On a subscription (``topic=True``, a stream that may drop) it also counts the frames it missed, from
+    each sender's sequence numbers: a lossless stream counts its gaps in the transport instead.
+    """
 
     def __init__(self, channel, kind: Kind, decode: Callable[[object], T], topic: bool = False):
         self.channel, self.kind, self.decode, self.topic = channel, kind, decode, topic
-        self.dropped: Counter[str] = Counter()
+        self.drops = DropLog(f"{kind.value} inbox")
+        self._last_seq: dict[str, int] = {}  # subscriptions: the last sequence number from each sender
+        self._missed = 0
 
     async def receive(self) -> T:
         while True:
@@ -47,11 +53,26 @@ class Inbox:
             try:
                 header, body = decode_frame(parts)
                 if header.kind != self.kind:
-                    raise FrameError(f"frame of kind {header.kind.value!r}, expected {self.kind.value!r}")
-                return self.decode(body)
-            except (FrameError, SchemaError) as error:
-                self.dropped[type(error).__name__] += 1
-                log.warning("dropped a malformed %s frame: %s", self.kind.value, error)
+                    raise FrameError(f"frame of kind {header.kind.value!r}, expected {self.kind.value!r}", "wrong_kind")
+            except FrameError as error:
+                self.drops.drop(error.reason, error)
+                continue
+            try:
+                message = self.decode(body)
+            except Exception as error:  # a body that does not decode, however it fails: never the actor's problem
+                self.drops.drop("bad_body", error)
+                continue
+            if self.topic:
+                self._count_missed(header.sender, header.seq)
+            return message
+
+    def _count_missed(self, sender: str, seq: int) -> None:
+        last = self._last_seq.get(sender)
+        if last is not None and seq > last + 1:
+            self._missed += seq - last - 1
+        self._last_seq[sender] = seq  # a smaller seq: the sender restarted, and counts from 0 again
 
     def statistics(self) -> dict:
-        return {**self.channel.statistics(), "dropped_frames": sum(self.dropped.values())}
+        stats = self.channel.statistics()
+        return {**stats, "gaps": stats["gaps"] + self._missed, "dropped_frames": self.drops.total(),
+                "dropped_by_reason": dict(self.drops.counts)}

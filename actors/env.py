@@ -100,7 +100,8 @@ class EnvActor:
             self._completions = Inbox(completions, Kind.COMPLETION, Completion.from_body)
             self._nursery = nursery
             nursery.start_soon(self._route_completions)
-            nursery.start_soon(self._follow_versions, Inbox(versions, Kind.VERSION, VersionAnnounced.from_body, topic=True))
+            self._versions = Inbox(versions, Kind.VERSION, VersionAnnounced.from_body, topic=True)
+            nursery.start_soon(self._follow_versions, self._versions)
             nursery.start_soon(self._train)
             task_status.started({"completions": completions.address})
 
@@ -133,6 +134,8 @@ class EnvActor:
             **{f"mean_return_seat{seat}": total / episodes for seat, total in enumerate(self._return_sums)},
             "prompt_cache_hits": self.codec.hits if self._nursery else 0,
             "dropped_frames": self._completions.statistics()["dropped_frames"] if self._nursery else 0,
+            "streams": {"completions": self._completions.statistics(), "versions": self._versions.statistics()}
+            if self._nursery else {},
             "evaluations": [t.summary() for t in self._evaluations.values()],
         }
 

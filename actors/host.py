@@ -14,6 +14,7 @@ import threading
 import trio
 
 from streams.channels import MemoryTransport, ZmqTransport
+from streams.zmq_channels import CurveKeys
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +63,10 @@ class _LoopThread:
 class ActorHost:
     """One actor in this process, its loop in a thread, its streams on ZeroMQ. Ray wraps this class."""
 
-    def __init__(self, actor_cls, cfg, name: str, host: str = "127.0.0.1"):
+    def __init__(self, actor_cls, cfg, name: str, host: str = "127.0.0.1", curve_dir: str | None = None):
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
         self.actor = actor_cls(cfg, name=name)
-        self.transport = ZmqTransport(host=host)
+        self.transport = ZmqTransport(host=host, curve=CurveKeys.load(curve_dir) if curve_dir else None)
         self._loop = _LoopThread(name)
 
     def start(self, peers: dict) -> dict:

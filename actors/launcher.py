@@ -17,6 +17,7 @@ from actors.learner import LearnerActor, LearnerConfig
 from actors.replay import ReplayActor, ReplayConfig
 from actors.reward import RewardActor, RewardConfig
 from actors.rollout import RolloutActor, RolloutConfig
+from streams.zmq_channels import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +25,15 @@ log = logging.getLogger(__name__)
 class RayCluster:
     """Actors as Ray actors (one process each), their streams on ZeroMQ."""
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None, host: str = "127.0.0.1"):
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, host: str = "127.0.0.1",
+                 curve_dir: str | None = None):
         import ray
 
+        if not is_loopback(host) and not curve_dir:  # fail here, before any actor starts
+            raise ValueError(f"ray.host={host} binds streams beyond loopback: set ray.curve_dir to the cluster's "
+                             "CURVE keys (see README, 'Security')")
         self.ray = ray
-        self.host = host
+        self.host, self.curve_dir = host, curve_dir
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
             kwargs = {"num_cpus": num_cpus} if address is None else {"address": address}
@@ -38,7 +43,7 @@ class RayCluster:
         self._remote_host = ray.remote(num_cpus=0, max_concurrency=4)(ActorHost)
 
     def spawn(self, name: str, actor_cls, cfg, peers: dict) -> dict:
-        handle = self._remote_host.options(name=name).remote(actor_cls, cfg, name, self.host)
+        handle = self._remote_host.options(name=name).remote(actor_cls, cfg, name, self.host, self.curve_dir)
         self.handles[name] = handle
         return self.ray.get(handle.start.remote(peers))
 
@@ -111,7 +116,8 @@ def open_cluster(cfg: dict):
         return LocalCluster(transport=cfg["run"].get("local_transport", "memory"))
     if cfg["run"]["mode"] != "ray":
         raise ValueError(f"run.mode must be 'ray' or 'local', not {cfg['run']['mode']!r}")
-    return RayCluster(address=cfg["ray"]["address"], num_cpus=cfg["ray"]["num_cpus"], host=cfg["ray"]["host"])
+    return RayCluster(address=cfg["ray"]["address"], num_cpus=cfg["ray"]["num_cpus"], host=cfg["ray"]["host"],
+                      curve_dir=cfg["ray"]["curve_dir"])
 
 
 def launch(cfg: dict) -> dict:

@@ -21,8 +21,8 @@ import trio
 from actors.base_model import load_policy
 from actors.endpoints import Inbox, Outbox
 from actors.training import Objective, TrainerState, collate, policy_gradient_step
-from actors.weights import weights_to_bytes
-from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, VersionAnnounced, Weights
+from actors.weights import WeightsPublisher, weights_to_bytes
+from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, VersionAnnounced, WeightsFetch
 from streams.schema import Columns, decode_table
 from streams.wire import Kind
 
@@ -38,7 +38,7 @@ class LearnerConfig:
     max_staleness: int = 2  # eta: the oldest token a batch may hold is this many versions behind
     temperature: float = 1.0
     threads: int = 1
-    announce_every_s: float = 1.0  # re-announce the version, for subscribers that missed one
+    announce_every_s: float = 1.0  # re-announce the version and weights, for late joiners and missed ones
     save_dir: str | None = None
     seed: int = 0
 
@@ -61,21 +61,30 @@ class LearnerActor:
         self._staleness = Counter()  # tokens trained on, by staleness, over the whole run
         self._first_batch_at = None
         self._inbox = None
+        self._weights = None
+        self._streams: dict = {}
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         model, tokenizer, optimizer = await trio.to_thread.run_sync(self._load)
         policy = self.cfg.policy_id.encode()
         async with (
             transport.open_receiver(capacity=1) as batches,
-            transport.open_publisher(capacity=2) as publisher,
+            transport.open_publisher(capacity=16) as publisher,
+            transport.open_receiver(capacity=64) as fetches,
         ):
             self._inbox = Inbox(batches, Kind.BATCH, decode_table)
-            weights_out = Outbox(publisher, Kind.WEIGHTS, self.name, topic=WEIGHTS_TOPIC + policy)
+            self._weights = weights = WeightsPublisher(
+                self.name, self.cfg.policy_id, Outbox(publisher, Kind.WEIGHTS, self.name, topic=WEIGHTS_TOPIC + policy),
+                fetch_from=fetches.address)
             versions_out = Outbox(publisher, Kind.VERSION, self.name, topic=VERSION_TOPIC + policy)
-            task_status.started({"batches": batches.address, "weights": publisher.address})
+            fetch_inbox = Inbox(fetches, Kind.WEIGHTS_FETCH, WeightsFetch.from_body)
+            self._streams = {"batches": self._inbox, "fetch": fetch_inbox, "publisher": versions_out}
+            task_status.started({"batches": batches.address, "weights": publisher.address, "fetch": fetches.address})
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._announce, versions_out)
+                    nursery.start_soon(self._announce, versions_out, weights)
+                    nursery.start_soon(weights.serve_chunks, fetch_inbox, transport)
+                    await weights.publish(self.version, await trio.to_thread.run_sync(weights_to_bytes, model))
                     while True:
                         table = await self._inbox.receive()
                         self._first_batch_at = self._first_batch_at or time.perf_counter()
@@ -84,18 +93,20 @@ class LearnerActor:
                             continue
                         stats = await trio.to_thread.run_sync(self._update, model, optimizer, tokenizer, table)
                         tensors = await trio.to_thread.run_sync(weights_to_bytes, model)
-                        await weights_out.send(Weights(self.cfg.policy_id, self.version, tensors).to_body())
+                        await weights.publish(self.version, tensors)
                         await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
                         self.history.append(stats)
             finally:
+                weights.close()
                 if self.cfg.save_dir:
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(self._save, model, tokenizer)
 
-    async def _announce(self, versions_out: Outbox) -> None:
+    async def _announce(self, versions_out: Outbox, weights: WeightsPublisher) -> None:
         while True:
             await trio.sleep(self.cfg.announce_every_s)
             await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
+            await weights.announce_latest()
 
     def _load(self):
         torch.set_num_threads(self.cfg.threads)
@@ -156,4 +167,6 @@ class LearnerActor:
         wall = time.perf_counter() - self._first_batch_at if self._first_batch_at else 0.0
         busy = min(self._totals["train_s"] / wall, 1.0) if wall > 0 else 0.0
         return {**self._totals, "version": self.version, "last": last, "dropped_frames": dropped, "busy": busy,
-                "staleness_hist": {str(k): self._staleness[k] for k in sorted(self._staleness)}}
+                "staleness_hist": {str(k): self._staleness[k] for k in sorted(self._staleness)},
+                "weights": self._weights.stats if self._weights else {},
+                "streams": {name: s.statistics() for name, s in self._streams.items()}}

@@ -7,6 +7,8 @@ import logging
 import time
 from pathlib import Path
 
+from streams.stats import stream_totals
+
 log = logging.getLogger(__name__)
 
 
@@ -89,6 +91,7 @@ class MetricsLog:
                "abandoned_episodes": sum(s.get("abandoned_stale", 0) for s in envs),
                "staleness_total": learner.get("staleness_hist", {}),
                "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values())}
+        row.update(stream_totals([s for actor in stats.values() for s in actor.get("streams", {}).values()]))
         if self._last is not None:
             then, before = self._last
             dt = max(now - then, 1e-9)

@@ -80,8 +80,9 @@ class ReplayActor:
         self._changed = trio.Event()
 
     def statistics(self) -> dict:
-        dropped = self._inbox.statistics()["dropped_frames"] if self._inbox else 0
-        return {**self._stats, "buffered": self._buffered, "dropped_frames": dropped}
+        inbox = self._inbox.statistics() if self._inbox else {}
+        return {**self._stats, "buffered": self._buffered, "dropped_frames": inbox.get("dropped_frames", 0),
+                "streams": {"episodes": inbox}}
 
 
 def oldest_version(episode: pa.Table) -> int:

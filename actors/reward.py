@@ -58,5 +58,5 @@ class RewardActor:
                 self._stats["rows"] += scored.num_rows
 
     def statistics(self) -> dict:
-        dropped = self._inbox.statistics()["dropped_frames"] if self._inbox else 0
-        return {**self._stats, "dropped_frames": dropped}
+        inbox = self._inbox.statistics() if self._inbox else {}
+        return {**self._stats, "dropped_frames": inbox.get("dropped_frames", 0), "streams": {"episodes": inbox}}

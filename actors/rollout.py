@@ -22,8 +22,8 @@ import trio
 from actors.base_model import load_policy
 from actors.endpoints import Inbox, Outbox
 from actors.sampling import sample
-from actors.weights import load_weights
-from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest, Weights
+from actors.weights import FetchedWeights, WeightsFollower, load_weights
+from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest, WeightsManifest
 from streams.wire import Kind
 
 log = logging.getLogger(__name__)
@@ -46,12 +46,14 @@ class RolloutActor:
             raise ValueError(f"rollout backend {cfg.backend!r} is not available; this build has 'hf'")
         self.cfg, self.name = cfg, name
         self.version = 0
-        self._latest_weights: Weights | None = None  # set on the trio loop, taken by the sampling thread
+        self._latest_weights: FetchedWeights | None = None  # set on the trio loop, taken by the sampling thread
         self._weights_lock = threading.Lock()
         self._stats = {"requests": 0, "tokens": 0, "batches": 0, "generate_s": 0.0, "weights_applied": 0,
                        "weights_applied_mid_batch": 0, "version_waits": 0, "idle_s": 0.0}
         self._started_at = time.perf_counter()
         self._queue = None
+        self._follower = None
+        self._streams: dict = {}
         self._inbox = None
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -65,8 +67,11 @@ class RolloutActor:
             trio.open_nursery() as nursery,
         ):
             self._inbox = Inbox(requests, Kind.GENERATE, GenerationRequest.from_body)
+            manifests = Inbox(weights, Kind.WEIGHTS, WeightsManifest.from_body, topic=True)
+            self._follower = WeightsFollower(transport)
+            self._streams = {"requests": self._inbox, "weights": manifests}
             nursery.start_soon(self._queue_requests, queue_in)
-            nursery.start_soon(self._follow_weights, Inbox(weights, Kind.WEIGHTS, Weights.from_body, topic=True))
+            nursery.start_soon(self._follow_weights, manifests)
             nursery.start_soon(self._serve, queue_out, model, tokenizer, transport)
             task_status.started({"requests": requests.address})
 
@@ -80,13 +85,18 @@ class RolloutActor:
 
     async def _follow_weights(self, inbox: Inbox) -> None:
         while True:
-            weights = await inbox.receive()
-            if weights.version > self.version:
-                with self._weights_lock:
-                    if self._latest_weights is None or weights.version > self._latest_weights.version:
-                        self._latest_weights = weights
-                self._weights_arrived.set()
-                self._weights_arrived = trio.Event()
+            manifest = await inbox.receive()
+            pending = self._latest_weights
+            if manifest.version <= max(self.version, pending.version if pending else -1):
+                continue
+            data = await self._follower.fetch(manifest)  # from shared memory, or in chunks; checked
+            if data is None:
+                continue
+            with self._weights_lock:
+                if self._latest_weights is None or manifest.version > self._latest_weights.version:
+                    self._latest_weights = FetchedWeights(manifest.version, data)
+            self._weights_arrived.set()
+            self._weights_arrived = trio.Event()
 
     def _take_weights(self, model) -> int | None:
         """Load the newest weights that arrived, if any (in the thread that owns the model); their version."""
@@ -167,4 +177,6 @@ class RolloutActor:
         wall = time.perf_counter() - self._started_at
         return {**self._stats, "version": self.version, "dropped_frames": inbox.get("dropped_frames", 0),
                 "idle_fraction": min(self._stats["idle_s"] / wall, 1.0) if wall > 0 else 0.0,
-                "queued_requests": self._queue.statistics().current_buffer_used if self._queue else 0}
+                "queued_requests": self._queue.statistics().current_buffer_used if self._queue else 0,
+                "weights": self._follower.stats if self._follower else {},
+                "streams": {name: s.statistics() for name, s in self._streams.items()}}

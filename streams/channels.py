@@ -1,7 +1,9 @@
 """Channels: the four kinds of stream endpoint, and the two transports that make them.
 
-Every stream that carries data is lossless: `Sender.send` waits while its receivers are full, and nothing is
-dropped at a high-water mark. Only pub/sub (weights and versions, where the newest is what matters) may drop.
+Every stream that carries data is lossless: `Sender.send` waits while its receivers are full (over ZeroMQ: while
+every receiver's window of unacknowledged messages is used up), and nothing is dropped at a high-water mark; a
+receiver that restarts gets again what it had not acknowledged. Only pub/sub (version announcements and weight
+manifests, where the newest is what matters, and which are re-sent) may drop.
 
     async with transport.open_receiver() as receiver, transport.open_sender([receiver.address]) as sender:
         await sender.send(parts)
@@ -34,10 +36,10 @@ class Sender(Protocol):
         """Add a receiver; may be called at any time (elastic scaling)."""
 
     def disconnect(self, address: str) -> None:
-        """Stop sending to a receiver (scale-down). Messages already queued for it may be lost."""
+        """Stop sending to a receiver (scale-down). Its unacknowledged messages are dropped and counted."""
 
     def statistics(self) -> dict:
-        """sent, bytes_sent, send_waits (sends that had to wait), wait_s."""
+        """Every key of `stats.STREAM_KEYS`: sent, bytes_sent, in_flight, send_waits, wait_s (waiting for credit)..."""
 
 
 class Receiver(Protocol):
@@ -49,7 +51,7 @@ class Receiver(Protocol):
         """The parts of the next message; waits for one."""
 
     def statistics(self) -> dict:
-        """received, bytes_received."""
+        """Every key of `stats.STREAM_KEYS`: received, bytes_received, dropped, duplicates, gaps, in_flight..."""
 
 
 class Publisher(Protocol):
@@ -61,7 +63,8 @@ class Publisher(Protocol):
         """Deliver `[topic, *parts]` to every subscriber with a matching topic prefix; drop for a full one."""
 
     def statistics(self) -> dict:
-        """published, bytes_published, and dropped where the transport can know (memory: yes, ZeroMQ: no)."""
+        """sent, bytes_sent, and dropped where the transport can know (memory: yes; ZeroMQ: no, and its
+        subscribers' `endpoints.Inbox` counts the frames they missed instead)."""
 
 
 class Subscriber(Protocol):
@@ -74,4 +77,4 @@ class Subscriber(Protocol):
         """Add a publisher; may be called at any time."""
 
     def statistics(self) -> dict:
-        """received, bytes_received."""
+        """received, bytes_received (every key of `stats.STREAM_KEYS`)."""

@@ -1,8 +1,9 @@
 """In-memory channels for the in-process mode, where every actor runs on one trio loop (see `channels`).
 
 They mirror the ZeroMQ channels: a bounded queue (a "mailbox") per receiver address, senders round-robin over
-their addresses skipping full mailboxes and wait when all are full, publishers drop for a full subscriber and
-count it. A sender may connect to an address before anything is bound there: messages queue at that address
+their addresses skipping full mailboxes and wait when all are full (the room in a mailbox plays the part of
+ZeroMQ's credits; nothing is lost in memory, so there is nothing to acknowledge or send again), publishers
+drop for a full subscriber and count it. A sender may connect to an address before anything is bound there: messages queue at that address
 (up to the capacity) and are delivered once a receiver binds it, as ZeroMQ does. Addresses are only known
 within one MemoryTransport: the in-process mode shares one instance between all actors.
 """
@@ -15,6 +16,7 @@ from collections import defaultdict, deque
 
 import trio
 
+from streams.stats import new_stats
 from streams.wire import ZERO_COPY_BYTES
 
 
@@ -58,7 +60,7 @@ class MemorySender:
         self._capacity = capacity
         self._addresses: list[str] = []
         self._next = 0
-        self._stats = dict(sent=0, bytes_sent=0, send_waits=0, wait_s=0.0)
+        self._stats = new_stats()
 
     async def send(self, parts: list[bytes]) -> None:
         await trio.lowlevel.checkpoint()
@@ -99,7 +101,7 @@ class MemoryReceiver:
     def __init__(self, mailbox: _Mailbox, address: str):
         self._mailbox = mailbox
         self.address = address
-        self._stats = dict(received=0, bytes_received=0)
+        self._stats = new_stats()
 
     async def receive(self) -> list[bytes]:
         parts = await self._mailbox.get()
@@ -115,7 +117,7 @@ class MemoryPublisher:
     def __init__(self, transport: MemoryTransport, address: str):
         self._transport = transport
         self.address = address
-        self._stats = dict(published=0, bytes_published=0, dropped=0)
+        self._stats = new_stats()
 
     async def publish(self, topic: bytes, parts: list[bytes]) -> None:
         await trio.lowlevel.checkpoint()
@@ -123,8 +125,8 @@ class MemoryPublisher:
         for subscriber in self._transport.subscribers[self.address]:
             if subscriber.wants(topic) and not subscriber.mailbox.put_nowait(message):
                 self._stats["dropped"] += 1
-        self._stats["published"] += 1
-        self._stats["bytes_published"] += _nbytes(message)
+        self._stats["sent"] += 1
+        self._stats["bytes_sent"] += _nbytes(message)
 
     def statistics(self) -> dict:
         return dict(self._stats)
@@ -135,7 +137,7 @@ class MemorySubscriber:
         self._transport = transport
         self._topics = tuple(topics)
         self.mailbox = _Mailbox(capacity)
-        self._stats = dict(received=0, bytes_received=0)
+        self._stats = new_stats()
 
     def wants(self, topic: bytes) -> bool:
         return any(topic.startswith(prefix) for prefix in self._topics)

@@ -12,6 +12,7 @@ import numpy as np
 
 from streams.wire import FrameError, pack, unpack
 
+MAX_NEW_TOKENS = 2**16  # the most tokens a generation request may ask for
 WEIGHTS_TOPIC = b"weights/"
 VERSION_TOPIC = b"version/"
 
@@ -24,12 +25,32 @@ def _floats(values) -> bytes:
     return np.asarray(values, dtype="<f4").tobytes()
 
 
-def _fields(body, names: tuple[str, ...], what: str) -> dict:
+_KINDS = {int: (int,), float: (int, float), str: (str,), bytes: (bytes,), bool: (bool,)}
+
+
+def _fields(body, names: tuple[str, ...], what: str, types: tuple[type, ...] = ()) -> dict:
+    """The message's fields; FrameError naming a field that is missing or (``types``: one per name) mistyped."""
     fields = unpack(body)
     if not isinstance(fields, dict) or any(name not in fields for name in names):
         missing = [n for n in names if not isinstance(fields, dict) or n not in fields]
         raise FrameError(f"{what} message lacks {', '.join(missing)}")
+    for name, kind in zip(names, types):
+        value = fields[name]
+        if not isinstance(value, _KINDS[kind]) or (kind is not bool and isinstance(value, bool)):
+            raise FrameError(f"{what} message field {name} is a {type(value).__name__}, expected {kind.__name__}")
     return fields
+
+
+def _array(buf: bytes, dtype: str, name: str) -> list:
+    if len(buf) % 4:
+        raise FrameError(f"{name} of {len(buf)} bytes is not a whole number of 4-byte values")
+    return np.frombuffer(buf, dtype=dtype).tolist()
+
+
+def _address(value: str, what: str) -> str:
+    if not value.startswith(("tcp://", "mem://")):
+        raise FrameError(f"{what} names {value[:80]!r}, not a stream address")
+    return value
 
 
 @dataclass
@@ -57,12 +78,15 @@ class GenerationRequest:
 
     @classmethod
     def from_body(cls, body) -> GenerationRequest:
-        f = _fields(body, cls.NAMES, "generation request")
-        prompt = np.frombuffer(f["prompt"], dtype="<i4").tolist()
-        if not prompt:
-            raise FrameError("generation request with an empty prompt")
-        return cls(f["id"], f["reply_to"], f["policy"], prompt, float(f["temperature"]), int(f["max_tokens"]),
-                   int(f["min_version"]))
+        f = _fields(body, cls.NAMES, "generation request", (int, str, str, bytes, float, int, int))
+        prompt = _array(f["prompt"], "<i4", "prompt")
+        if not prompt or min(prompt) < 0:
+            raise FrameError("generation request with an empty prompt or a negative token id")
+        if not (0 < f["temperature"] <= 100 and 0 < f["max_tokens"] <= MAX_NEW_TOKENS):
+            raise FrameError(f"generation request with temperature {f['temperature']} or max_tokens "
+                             f"{f['max_tokens']} out of range (0, 100], [1, {MAX_NEW_TOKENS}]")
+        reply_to = _address(f["reply_to"], "generation request")
+        return cls(f["id"], reply_to, f["policy"], prompt, float(f["temperature"]), f["max_tokens"], f["min_version"])
 
 
 @dataclass
@@ -84,33 +108,95 @@ class Completion:
 
     @classmethod
     def from_body(cls, body) -> Completion:
-        f = _fields(body, cls.NAMES, "completion")
-        tokens = np.frombuffer(f["tokens"], dtype="<i4").tolist()
-        logprobs = np.frombuffer(f["logprobs"], dtype="<f4").tolist()
-        versions = np.frombuffer(f["versions"], dtype="<i4").tolist()
+        f = _fields(body, cls.NAMES, "completion", (int, bytes, bytes, bytes, bool))
+        tokens = _array(f["tokens"], "<i4", "tokens")
+        logprobs = _array(f["logprobs"], "<f4", "logprobs")
+        versions = _array(f["versions"], "<i4", "versions")
         if not len(tokens) == len(logprobs) == len(versions):
             raise FrameError(f"completion with {len(tokens)} tokens, {len(logprobs)} log-probs, "
                              f"{len(versions)} versions")
-        return cls(f["id"], tokens, logprobs, versions, bool(f["finished"]))
+        return cls(f["id"], tokens, logprobs, versions, f["finished"])
 
 
 @dataclass
-class Weights:
-    """A policy's parameters at ``version``, as safetensors bytes (no pickle)."""
+class WeightsManifest:
+    """Version ``version`` of a policy's parameters (safetensors, ``size`` bytes) is published.
+
+    The bytes are in the file ``path`` on the host ``host`` (shared memory: one write, many readers), and
+    in chunks of ``chunk_bytes`` from the learner at ``fetch_from`` (``WeightsFetch``) for other hosts.
+    ``chunk_crcs`` holds the CRC-32C of every chunk: a reader checks every byte, however it got them.
+    """
 
     policy_id: str
     version: int
-    tensors: bytes
+    size: int
+    chunk_bytes: int
+    chunk_crcs: list[int]
+    host: str
+    path: str
+    fetch_from: str
 
-    NAMES = ("policy", "version", "tensors")
+    NAMES = ("policy", "version", "size", "chunk_bytes", "crcs", "host", "path", "fetch")
 
     def to_body(self) -> bytes:
-        return pack(dict(zip(self.NAMES, (self.policy_id, self.version, self.tensors))))
+        crcs = np.asarray(self.chunk_crcs, dtype="<u4").tobytes()
+        values = (self.policy_id, self.version, self.size, self.chunk_bytes, crcs, self.host, self.path,
+                  self.fetch_from)
+        return pack(dict(zip(self.NAMES, values)))
 
     @classmethod
-    def from_body(cls, body) -> Weights:
-        f = _fields(body, cls.NAMES, "weights")
-        return cls(f["policy"], int(f["version"]), bytes(f["tensors"]))
+    def from_body(cls, body) -> WeightsManifest:
+        f = _fields(body, cls.NAMES, "weights manifest", (str, int, int, int, bytes, str, str, str))
+        crcs = np.frombuffer(f["crcs"], dtype="<u4").tolist() if len(f["crcs"]) % 4 == 0 else None
+        if f["size"] < 0 or f["chunk_bytes"] <= 0 or crcs is None or len(crcs) != -(-f["size"] // f["chunk_bytes"]):
+            raise FrameError(f"weights manifest of {f['size']} bytes in chunks of {f['chunk_bytes']} does not "
+                             f"match its {len(f['crcs']) / 4:g} checksums")
+        return cls(f["policy"], f["version"], f["size"], f["chunk_bytes"], crcs, f["host"], f["path"],
+                   _address(f["fetch"], "weights manifest"))
+
+    @property
+    def chunks(self) -> int:
+        return len(self.chunk_crcs)
+
+
+@dataclass
+class WeightsFetch:
+    """Send chunk ``index`` of version ``version`` to ``reply_to``."""
+
+    policy_id: str
+    version: int
+    index: int
+    reply_to: str
+
+    NAMES = ("policy", "version", "index", "reply_to")
+
+    def to_body(self) -> bytes:
+        return pack(dict(zip(self.NAMES, (self.policy_id, self.version, self.index, self.reply_to))))
+
+    @classmethod
+    def from_body(cls, body) -> WeightsFetch:
+        f = _fields(body, cls.NAMES, "weights fetch", (str, int, int, str))
+        return cls(f["policy"], f["version"], f["index"], _address(f["reply_to"], "weights fetch"))
+
+
+@dataclass
+class WeightsChunk:
+    """Chunk ``index`` of a version; empty when the learner no longer has that version."""
+
+    policy_id: str
+    version: int
+    index: int
+    data: bytes
+
+    NAMES = ("policy", "version", "index", "data")
+
+    def to_body(self) -> bytes:
+        return pack(dict(zip(self.NAMES, (self.policy_id, self.version, self.index, self.data))))
+
+    @classmethod
+    def from_body(cls, body) -> WeightsChunk:
+        f = _fields(body, cls.NAMES, "weights chunk", (str, int, int, bytes))
+        return cls(f["policy"], f["version"], f["index"], f["data"])
 
 
 @dataclass
@@ -127,5 +213,5 @@ class VersionAnnounced:
 
     @classmethod
     def from_body(cls, body) -> VersionAnnounced:
-        f = _fields(body, cls.NAMES, "version")
-        return cls(f["policy"], int(f["version"]))
+        f = _fields(body, cls.NAMES, "version", (str, int))
+        return cls(f["policy"], f["version"])

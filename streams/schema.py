@@ -103,6 +103,8 @@ def decode_table(buf) -> pa.Table:
         table = reader.read_all()
     except (pa.ArrowException, OSError, TypeError) as error:
         raise SchemaError(f"not an Arrow IPC stream: {error}") from error
+    if table.schema.equals(TRAJECTORY_SCHEMA, check_metadata=True):  # the common case: nothing to conform
+        return table
     return _conform(table)
 
 

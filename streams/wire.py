@@ -1,19 +1,29 @@
 """Frames on the wire: `[header, body]`, the header a small msgpack map, the body Arrow IPC or msgpack.
 
-A malformed frame raises FrameError; the receiving actor drops it and counts it, never executes it.
+A malformed, oversized, unknown-kind or wrong-version frame raises FrameError (its `reason` says which);
+the receiving actor drops it, logs it and counts it, never executes it, and nothing is ever unpickled.
+
+Below the frames, a lossless ZeroMQ link wraps each message in a fixed-size envelope (`encode_link`):
+the link's sequence number, or an acknowledgement that returns credit (see `zmq_channels`).
 """
 
 from __future__ import annotations
 
 import enum
+import logging
+import struct
+from collections import Counter
 from dataclasses import dataclass
 
 import msgpack
 
+log = logging.getLogger(__name__)
+
 WIRE_VERSION = 1
-MAX_FRAME_BYTES = 256 * 2**20
+MAX_FRAME_BYTES = 256 * 2**20  # the largest frame of any kind; sockets disconnect a peer that sends more
 # Received parts this large or larger arrive as read-only memoryviews (zero-copy), smaller ones as bytes.
 ZERO_COPY_BYTES = 64 * 2**10
+MAX_HEADER_BYTES = 1024
 
 _UNPACK_LIMITS = dict(
     max_str_len=MAX_FRAME_BYTES,
@@ -33,6 +43,21 @@ class Kind(str, enum.Enum):
     BATCH = "batch"  # a training batch (Arrow IPC)
     WEIGHTS = "weights"  # versioned weights
     VERSION = "version"  # a policy-version announcement (msgpack)
+    WEIGHTS_FETCH = "weights_fetch"  # a request for chunks of a published version (msgpack)
+    WEIGHTS_CHUNK = "weights_chunk"  # one checksummed chunk of a published version (msgpack)
+
+
+# The largest frame of each kind: a receiver drops (and counts) a larger one before decoding its body.
+FRAME_LIMITS: dict[Kind, int] = {
+    Kind.GENERATE: 4 * 2**20,
+    Kind.COMPLETION: 4 * 2**20,
+    Kind.EPISODES: 64 * 2**20,
+    Kind.BATCH: MAX_FRAME_BYTES,
+    Kind.WEIGHTS: 4 * 2**20,  # a manifest: the bytes go by shared memory or in chunks
+    Kind.VERSION: 64 * 2**10,
+    Kind.WEIGHTS_FETCH: 64 * 2**10,
+    Kind.WEIGHTS_CHUNK: 17 * 2**20,  # a chunk of at most 16 MiB and its fields
+}
 
 
 @dataclass(frozen=True)
@@ -44,7 +69,14 @@ class Header:
 
 
 class FrameError(ValueError):
-    """A frame that is malformed, too large, or of another wire version."""
+    """A frame that is malformed, too large, of an unknown kind or of another wire version.
+
+    `reason` is the counter it is dropped under: malformed, oversized, unknown_kind, wrong_version, wrong_kind.
+    """
+
+    def __init__(self, message: str, reason: str = "malformed"):
+        super().__init__(message)
+        self.reason = reason
 
 
 def pack(obj) -> bytes:
@@ -62,8 +94,9 @@ def unpack(buf):
 
 def encode_frame(kind: Kind, body: bytes, sender: str, seq: int) -> list[bytes]:
     kind = Kind(kind)
-    if len(body) > MAX_FRAME_BYTES:
-        raise FrameError(f"frame body of {len(body)} bytes exceeds the limit of {MAX_FRAME_BYTES}")
+    limit = FRAME_LIMITS[kind]
+    if len(body) > limit:
+        raise FrameError(f"{kind.value} frame body of {len(body)} bytes exceeds the limit of {limit}", "oversized")
     header = pack({"kind": kind.value, "v": WIRE_VERSION, "sender": sender, "seq": seq})
     return [header, body]
 
@@ -74,12 +107,18 @@ def decode_frame(parts: list) -> tuple[Header, memoryview | bytes]:
         raise FrameError(f"frame has {len(parts)} parts, expected 2 (header, body)")
     size = sum(len(part) for part in parts)
     if size > MAX_FRAME_BYTES:
-        raise FrameError(f"frame of {size} bytes exceeds the limit of {MAX_FRAME_BYTES}")
+        raise FrameError(f"frame of {size} bytes exceeds the limit of {MAX_FRAME_BYTES}", "oversized")
+    if len(parts[0]) > MAX_HEADER_BYTES:
+        raise FrameError(f"header of {len(parts[0])} bytes exceeds the limit of {MAX_HEADER_BYTES}", "oversized")
     try:
         fields = unpack(parts[0])
     except FrameError as error:
         raise FrameError(f"header is not msgpack: {error}") from None
-    return _header(fields), _as_buffer(parts[1])
+    header = _header(fields)
+    if size > FRAME_LIMITS[header.kind]:
+        raise FrameError(f"{header.kind.value} frame of {size} bytes exceeds the limit of "
+                         f"{FRAME_LIMITS[header.kind]}", "oversized")
+    return header, _as_buffer(parts[1])
 
 
 def _header(fields) -> Header:
@@ -87,11 +126,11 @@ def _header(fields) -> Header:
         raise FrameError(f"header is a {type(fields).__name__}, expected a map")
     version = fields.get("v")
     if version != WIRE_VERSION:
-        raise FrameError(f"wire version {version!r}, expected {WIRE_VERSION}")
+        raise FrameError(f"wire version {version!r}, expected {WIRE_VERSION}", "wrong_version")
     try:
         kind = Kind(fields.get("kind"))
-    except ValueError:
-        raise FrameError(f"unknown frame kind {fields.get('kind')!r}") from None
+    except (ValueError, TypeError):
+        raise FrameError(f"unknown frame kind {fields.get('kind')!r}", "unknown_kind") from None
     sender, seq = fields.get("sender"), fields.get("seq")
     if not isinstance(sender, str) or not isinstance(seq, int) or isinstance(seq, bool):
         raise FrameError(f"header needs a str sender and an int seq, got {sender!r}, {seq!r}")
@@ -113,3 +152,51 @@ class FrameCounter:
         parts = encode_frame(kind, body, self.sender, self.seq)
         self.seq += 1
         return parts
+
+
+class DropLog:
+    """Counts the frames an endpoint drops, by reason, and logs them: all of the first few, then every 1000th.
+
+    A flood of bad frames is counted in full but cannot flood the log.
+    """
+
+    LOG_FIRST, LOG_EVERY = 5, 1000
+
+    def __init__(self, where: str):
+        self.where = where
+        self.counts: Counter[str] = Counter()
+
+    def drop(self, reason: str, detail: object) -> None:
+        self.counts[reason] += 1
+        n = self.counts[reason]
+        if n <= self.LOG_FIRST or n % self.LOG_EVERY == 0:
+            log.warning("%s dropped a frame (%s, %d so far): %s", self.where, reason, n, detail)
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class LinkType(enum.IntEnum):
+    DATA = 1  # [envelope, *parts]: a message, numbered per link
+    ACK = 2  # [envelope]: every message before `seq` was delivered; the receiver takes `window` unacknowledged
+
+
+_LINK = struct.Struct("<4sBQI")  # magic, type, seq, window
+LINK_MAGIC = b"tdl1"
+
+
+def encode_link(kind: LinkType, seq: int, window: int = 0) -> bytes:
+    return _LINK.pack(LINK_MAGIC, kind, seq, window)
+
+
+def decode_link(buf) -> tuple[LinkType, int, int]:
+    """The (type, seq, window) of a link envelope; FrameError if it is not one."""
+    if len(buf) != _LINK.size:
+        raise FrameError(f"link envelope of {len(buf)} bytes, expected {_LINK.size}")
+    magic, kind, seq, window = _LINK.unpack(buf)
+    if magic != LINK_MAGIC:
+        raise FrameError(f"link envelope starts with {bytes(magic)!r}, expected {LINK_MAGIC!r}", "wrong_version")
+    try:
+        return LinkType(kind), seq, window
+    except ValueError:
+        raise FrameError(f"unknown link message type {kind}", "unknown_kind") from None

@@ -1,24 +1,44 @@
-"""ZeroMQ channels driven from trio (see `channels` for the interface).
+"""ZeroMQ channels driven from trio (see `channels` for the interface and the guarantees).
 
 trio has no native ZeroMQ support, so each socket is non-blocking and, on `zmq.Again`, waits on the socket's
 FD. That FD is edge-triggered: it turns readable when the socket's event state may have changed, and reading
-EVENTS resets it, so a waiter checks EVENTS before sleeping. Exactly one task may wait on an FD: each socket
-carries one direction only (PUSH sends, PULL receives, ...) and a lock serializes its users. `connect` can
-consume the FD's edge too (libzmq processes pending commands there), so it wakes the waiter to re-check.
+EVENTS resets it, so a waiter checks EVENTS before sleeping. Exactly one task may wait on an FD (a lock
+serializes its users); a socket that also sends does so without ever waiting. `connect` and `send` can
+consume the FD's edge too (libzmq processes pending commands there), so they wake the waiter to re-check.
+
+Senders and receivers speak a small credit protocol over DEALER -> ROUTER (`wire.encode_link`). A sender
+keeps one DEALER socket per receiver and numbers its messages per link; it may have at most `window`
+messages unacknowledged on a link (the smaller of its own and the receiver's capacity; its own until the
+receiver's first acknowledgement says), and waits for credit when every link is full. A receiver acknowledges what it has handed to its actor: every half
+window, and always before it waits for more. Nothing is dropped at a high-water mark (the credits bound
+every queue). When a link's connection drops (the receiver restarted, or the network failed), the sender
+opens a fresh socket and sends again everything not yet acknowledged; the receiver drops (and counts) what
+it already delivered, so nothing acknowledged is lost and nothing is delivered twice.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import ipaddress
+import logging
+import os
+from dataclasses import dataclass
 
 import trio
 import zmq
 
-from streams.wire import MAX_FRAME_BYTES, ZERO_COPY_BYTES
+from streams.stats import new_stats
+from streams.wire import (
+    MAX_FRAME_BYTES, ZERO_COPY_BYTES, DropLog, FrameError, LinkType, decode_link, encode_link,
+)
+
+log = logging.getLogger(__name__)
 
 YIELD_EVERY = 16
-SENDER_LINGER_MS = 1000  # on close, a sender gets this long to flush what it has queued
+SENDER_LINGER_S = 1.0  # on a clean close, a sender waits this long for its messages to be acknowledged
+RECEIVER_LINGER_MS = 500  # on close, a receiver's last acknowledgements get this long to go out
+SOCKET_SLACK_BYTES = 2**20  # ZeroMQ disconnects a peer whose message part exceeds MAX_FRAME_BYTES + this
 
 
 class _TrioSocket:
@@ -38,16 +58,22 @@ class _TrioSocket:
 
     async def send(self, parts: list) -> float | None:
         """Send one message, waiting while the peers are full. Returns seconds waited, or None."""
-        send = functools.partial(self.socket.send_multipart, parts, zmq.NOBLOCK, copy=False)
-        _, waited = await self._call(send, zmq.POLLOUT)
+        _, waited = await self._call(functools.partial(_send_parts, self.socket, parts), zmq.POLLOUT)
         return waited
 
-    async def receive(self) -> list:
+    def send_nowait(self, parts: list) -> None:
+        """Send without waiting (on a socket whose queues the credit protocol bounds); raises zmq.Again."""
+        _send_parts(self.socket, parts)
+        if self._wait_scope is not None and self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.wake()  # the send may have taken the FD's edge for a message that is now waiting
+
+    async def receive(self, before_wait=None) -> list:
+        """The next message; calls ``before_wait()`` each time it is about to wait for one."""
         receive = functools.partial(self.socket.recv_multipart, zmq.NOBLOCK, copy=False)
-        frames, _ = await self._call(receive, zmq.POLLIN)
+        frames, _ = await self._call(receive, zmq.POLLIN, before_wait)
         return [_part(frame) for frame in frames]
 
-    async def _call(self, operation, event: int) -> tuple[object, float | None]:
+    async def _call(self, operation, event: int, before_wait=None) -> tuple[object, float | None]:
         """Run a non-blocking operation, waiting on the FD while it raises zmq.Again.
 
         Returns its result and the seconds it waited (None if it did not). Every call is a cancellation
@@ -67,6 +93,8 @@ class _TrioSocket:
             while True:
                 with contextlib.suppress(zmq.Again):
                     return operation(), trio.current_time() - started
+                if before_wait is not None:
+                    before_wait()
                 await self._wait_for(event)
 
     async def _wait_for(self, event: int) -> None:
@@ -80,6 +108,17 @@ class _TrioSocket:
         self.socket.close(linger=linger_ms)
 
 
+def _send_parts(socket: zmq.Socket, parts: list) -> None:
+    """One message; large parts zero-copy, small ones copied (a zero-copy frame costs more than a small copy).
+
+    The first part raises zmq.Again if the socket cannot take the message; later parts then always go.
+    """
+    last = len(parts) - 1
+    for i, part in enumerate(parts):
+        flags = zmq.NOBLOCK | (zmq.SNDMORE if i < last else 0)
+        socket.send(part, flags, copy=len(part) < ZERO_COPY_BYTES)
+
+
 def _part(frame: zmq.Frame) -> bytes | memoryview:
     return frame.buffer.toreadonly() if len(frame) >= ZERO_COPY_BYTES else frame.bytes
 
@@ -88,64 +127,220 @@ def _nbytes(parts) -> int:
     return sum(len(part) for part in parts)
 
 
-class ZmqSender:
-    """PUSH: round-robins messages across connected receivers; `send` waits while they are all full."""
+def _check_sizes(parts) -> None:
+    for part in parts:
+        if len(part) > MAX_FRAME_BYTES:
+            raise FrameError(f"message part of {len(part)} bytes exceeds the limit of {MAX_FRAME_BYTES}", "oversized")
 
-    def __init__(self, sock: _TrioSocket):
-        self._sock = sock
-        self._stats = dict(sent=0, bytes_sent=0, send_waits=0, wait_s=0.0)
+
+class _Link:
+    """One sender's connection to one receiver: a DEALER socket of its own, the messages not yet acknowledged."""
+
+    def __init__(self, address: str, capacity: int):
+        self.address, self.capacity = address, capacity
+        self.window = capacity  # until the receiver says how many it takes
+        self.unacked: dict[int, list] = {}  # seq -> message, oldest first
+        self.next_seq = 0
+        self.sock: _TrioSocket | None = None  # None while (re)opening: messages wait in `unacked`
+        self.scope = trio.CancelScope()
+
+    def has_credit(self) -> bool:
+        return len(self.unacked) < self.window
+
+    def send(self, parts: list) -> None:
+        message = [encode_link(LinkType.DATA, self.next_seq), *parts]
+        self.unacked[self.next_seq] = message
+        self.next_seq += 1
+        if self.sock is not None:
+            self.sock.send_nowait(message)
+
+    def resend(self) -> None:
+        for message in self.unacked.values():
+            self.sock.send_nowait(message)
+
+    def acknowledged(self, seq: int, window: int) -> None:
+        """Every message before ``seq`` was delivered; the receiver takes ``window`` unacknowledged."""
+        while self.unacked and (oldest := next(iter(self.unacked))) < seq:
+            del self.unacked[oldest]
+        self.window = max(1, min(self.capacity, window))
+
+
+class ZmqSender:
+    """Round-robins messages across its receivers, at most `window` unacknowledged on each; never drops."""
+
+    def __init__(self, transport: ZmqTransport, nursery: trio.Nursery, capacity: int):
+        self._transport, self._nursery, self._capacity = transport, nursery, capacity
+        self.identity = os.urandom(12).hex().encode()  # this sender's incarnation, its routing id everywhere
+        self._links: dict[str, _Link] = {}
+        self._next = 0
+        self._credit = trio.lowlevel.ParkingLot()  # senders waiting for an acknowledgement, or a receiver
+        self._calls = 0
+        self._stats = new_stats()
+        self._drops = DropLog(f"sender {self.identity.decode()}")
 
     async def send(self, parts: list[bytes]) -> None:
-        waited = await self._sock.send(parts)
-        if waited is not None:
-            self._stats["send_waits"] += 1
-            self._stats["wait_s"] += waited
+        _check_sizes(parts)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        link, started = self._pick(), None
+        try:
+            while link is None:
+                if started is None:
+                    started = trio.current_time()
+                    self._stats["send_waits"] += 1
+                await self._credit.park()
+                link = self._pick()
+        finally:  # a wait that was cancelled counts too
+            if started is not None:
+                self._stats["wait_s"] += trio.current_time() - started
+        link.send(parts)
         self._stats["sent"] += 1
         self._stats["bytes_sent"] += _nbytes(parts)
+        self._calls += 1
+        if self._calls % YIELD_EVERY == 0:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def _pick(self) -> _Link | None:
+        links = list(self._links.values())
+        for step in range(len(links)):
+            link = links[(self._next + step) % len(links)]
+            if link.has_credit():
+                self._next = (self._next + step + 1) % len(links)
+                return link
+        return None
 
     def connect(self, address: str) -> None:
-        self._sock.socket.connect(address)
-        self._sock.wake()
+        if address in self._links:
+            return
+        link = self._links[address] = _Link(address, self._capacity)
+        self._nursery.start_soon(self._run_link, link)
+        self._credit.unpark_all()
 
     def disconnect(self, address: str) -> None:
-        """Stop sending to a receiver (scale-down). Messages already queued for it may be lost."""
-        self._sock.socket.disconnect(address)
-        self._sock.wake()
+        """Stop sending to a receiver (scale-down). Its unacknowledged messages are dropped and counted."""
+        link = self._links.pop(address)
+        link.scope.cancel()
+        self._stats["dropped"] += len(link.unacked)
+
+    async def drain(self) -> None:
+        """Wait until every message sent has been acknowledged."""
+        while any(link.unacked for link in self._links.values()):
+            await self._credit.park()
+
+    async def _run_link(self, link: _Link) -> None:
+        with link.scope:
+            while True:
+                async with self._transport.open_link(link.address, self.identity) as (sock, disconnected):
+                    link.sock = sock
+                    link.resend()
+                    try:
+                        async with trio.open_nursery() as nursery:
+                            nursery.start_soon(self._read_acks, link, sock)
+                            await disconnected.receive()
+                            nursery.cancel_scope.cancel()
+                    finally:
+                        link.sock = None
+                self._stats["reconnects"] += 1
+                log.info("link to %s dropped; resending %d unacknowledged messages", link.address, len(link.unacked))
+
+    async def _read_acks(self, link: _Link, sock: _TrioSocket) -> None:
+        while True:
+            frames = await sock.receive()
+            try:
+                kind, seq, window = decode_link(frames[0]) if len(frames) == 1 else (None, 0, 0)
+                if kind is not LinkType.ACK:
+                    raise FrameError(f"expected an acknowledgement, got {len(frames)} parts", "wrong_kind")
+            except FrameError as error:
+                self._drops.drop(error.reason, error)
+                continue
+            link.acknowledged(seq, window)
+            self._credit.unpark_all()
 
     def statistics(self) -> dict:
-        return dict(self._stats)
+        in_flight = sum(len(link.unacked) for link in self._links.values())
+        return {**self._stats, "in_flight": in_flight, "dropped": self._stats["dropped"] + self._drops.total()}
+
+
+@dataclass
+class _Peer:
+    """What a receiver knows of one sender: the next sequence number it expects, what it has not acknowledged."""
+
+    next_seq: int
+    unacked: int = 0
+    ack_due: bool = False
 
 
 class ZmqReceiver:
-    """PULL: bound at `address`, fair-queued from all senders."""
+    """Bound at `address`, fair-queued from all senders; acknowledges what it hands over, drops duplicates."""
 
-    def __init__(self, sock: _TrioSocket, address: str):
+    def __init__(self, sock: _TrioSocket, address: str, capacity: int):
         self._sock = sock
         self.address = address
-        self._stats = dict(received=0, bytes_received=0)
+        self._capacity = capacity
+        self._ack_every = max(1, capacity // 2)
+        self._peers: dict[bytes, _Peer] = {}
+        self._stats = new_stats()
+        self._drops = DropLog(f"receiver {address}")
 
     async def receive(self) -> list[bytes]:
-        parts = await self._sock.receive()
-        self._stats["received"] += 1
-        self._stats["bytes_received"] += _nbytes(parts)
-        return parts
+        while True:
+            parts = self._accept(await self._sock.receive(before_wait=self.flush_acks))
+            if parts is not None:
+                self._stats["received"] += 1
+                self._stats["bytes_received"] += _nbytes(parts)
+                return parts
+
+    def _accept(self, frames: list) -> list | None:
+        """The message's parts, or None for a duplicate or a message that is not on the link protocol."""
+        try:
+            if len(frames) < 3:
+                raise FrameError(f"message of {len(frames) - 1} parts, expected a link envelope and a body")
+            kind, seq, _ = decode_link(frames[1])
+            if kind is not LinkType.DATA:
+                raise FrameError(f"a link {kind.name} message where data was expected", "wrong_kind")
+        except FrameError as error:
+            self._drops.drop(error.reason, error)
+            return None
+        identity = bytes(frames[0])
+        peer = self._peers.setdefault(identity, _Peer(next_seq=seq))
+        if seq < peer.next_seq:  # sent again after a reconnect: delivered already
+            self._stats["duplicates"] += 1
+            peer.ack_due = True
+            return None
+        self._stats["gaps"] += seq - peer.next_seq
+        peer.next_seq = seq + 1
+        peer.unacked += 1
+        if peer.unacked >= self._ack_every:
+            self._ack(identity, peer)
+        return frames[2:]
+
+    def _ack(self, identity: bytes, peer: _Peer) -> None:
+        with contextlib.suppress(zmq.Again):  # a full pipe to a vanished peer: it resends, we ack again
+            self._sock.send_nowait([identity, encode_link(LinkType.ACK, peer.next_seq, self._capacity)])
+        peer.unacked, peer.ack_due = 0, False
+
+    def flush_acks(self) -> None:
+        for identity, peer in self._peers.items():
+            if peer.unacked or peer.ack_due:
+                self._ack(identity, peer)
 
     def statistics(self) -> dict:
-        return dict(self._stats)
+        in_flight = sum(peer.unacked for peer in self._peers.values())
+        return {**self._stats, "in_flight": in_flight, "dropped": self._drops.total()}
 
 
 class ZmqPublisher:
-    """PUB: never blocks. ZeroMQ drops silently for a full subscriber, so there is no 'dropped' count."""
+    """PUB: never blocks, and may drop: ZeroMQ drops silently for a full subscriber, so there is no 'dropped'
+    count here; subscribers count what they miss from the frames' sequence numbers (`endpoints.Inbox`)."""
 
     def __init__(self, sock: _TrioSocket, address: str):
         self._sock = sock
         self.address = address
-        self._stats = dict(published=0, bytes_published=0)
+        self._stats = new_stats()
 
     async def publish(self, topic: bytes, parts: list[bytes]) -> None:
         await self._sock.send([topic, *parts])  # a PUB socket never waits: it drops instead
-        self._stats["published"] += 1
-        self._stats["bytes_published"] += len(topic) + _nbytes(parts)
+        self._stats["sent"] += 1
+        self._stats["bytes_sent"] += len(topic) + _nbytes(parts)
 
     def statistics(self) -> dict:
         return dict(self._stats)
@@ -156,7 +351,7 @@ class ZmqSubscriber:
 
     def __init__(self, sock: _TrioSocket):
         self._sock = sock
-        self._stats = dict(received=0, bytes_received=0)
+        self._stats = new_stats()
 
     async def receive(self) -> list[bytes]:
         parts = await self._sock.receive()
@@ -172,40 +367,110 @@ class ZmqSubscriber:
         return dict(self._stats)
 
 
+@dataclass(frozen=True)
+class CurveKeys:
+    """A cluster's CURVE keys (Z85): one pair for the binding side (receivers, publishers), one for the
+    connecting side (senders, subscribers). Only clients whose public key is in ``authorized_dir`` may connect.
+
+    Make them once with `CurveKeys.create(directory)` and give every machine of the cluster a copy.
+    """
+
+    server_public: bytes
+    server_secret: bytes
+    client_public: bytes
+    client_secret: bytes
+    authorized_dir: str
+
+    @classmethod
+    def create(cls, directory: str) -> CurveKeys:
+        import zmq.auth
+
+        os.makedirs(directory, exist_ok=True)
+        for name in ("server", "client"):
+            zmq.auth.create_certificates(directory, name)
+        return cls.load(directory)
+
+    @classmethod
+    def load(cls, directory: str) -> CurveKeys:
+        import zmq.auth
+
+        server = zmq.auth.load_certificate(os.path.join(directory, "server.key_secret"))
+        client = zmq.auth.load_certificate(os.path.join(directory, "client.key_secret"))
+        return cls(*server, *client, authorized_dir=directory)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # an interface name or a wildcard: not loopback
+        return False
+
+
 class ZmqTransport:
     """Channels over ZeroMQ TCP sockets. Receivers and publishers bind `tcp://host:<random port>`.
 
-    `capacity` is the socket's high-water mark in messages; between a sender and a receiver up to
-    SNDHWM + RCVHWM messages (plus what the kernel's TCP buffers hold) are in flight.
+    `host` is loopback unless the config names another interface; binding beyond loopback requires `curve`
+    keys, which encrypt every stream and admit only clients holding the cluster's client key.
+
+    A sender's `capacity` is its window per receiver, a receiver's the window it grants each sender (the
+    smaller wins). A publisher's and a subscriber's `capacity` are their high-water marks: pub/sub may drop.
     """
 
-    def __init__(self, host: str = "127.0.0.1", context: zmq.Context | None = None):
+    def __init__(self, host: str = "127.0.0.1", context: zmq.Context | None = None, curve: CurveKeys | None = None):
+        if not is_loopback(host) and curve is None:
+            raise ValueError(f"binding streams to {host!r}, beyond loopback, requires CURVE keys "
+                             "(streams.curve_dir; see README, 'Security')")
         self.host = host
         self.context = context or zmq.Context.instance()
+        self.curve = curve
+        self._authenticator = None
 
     @contextlib.asynccontextmanager
     async def open_receiver(self, capacity: int = 64, address: str | None = None):
-        async with self._open(zmq.PULL, {zmq.RCVHWM: capacity}, linger_ms=0) as sock:
-            yield ZmqReceiver(sock, self._bind(sock, address))
+        options = {zmq.RCVHWM: 0, zmq.SNDHWM: 0, zmq.ROUTER_HANDOVER: 1}
+        async with self._open(zmq.ROUTER, options, RECEIVER_LINGER_MS, server=True) as sock:
+            receiver = ZmqReceiver(sock, self._bind(sock, address), capacity)
+            try:
+                yield receiver
+            finally:  # acknowledge what the actor got, so that a successor is not sent it again
+                receiver.flush_acks()
 
     @contextlib.asynccontextmanager
     async def open_sender(self, addresses: list[str] = (), capacity: int = 64):
-        async with self._open(zmq.PUSH, {zmq.SNDHWM: capacity}, SENDER_LINGER_MS) as sock:
-            sender = ZmqSender(sock)
+        async with trio.open_nursery() as nursery:
+            sender = ZmqSender(self, nursery, capacity)
             for address in addresses:
                 sender.connect(address)
             yield sender
+            with trio.move_on_after(SENDER_LINGER_S):
+                await sender.drain()
+            nursery.cancel_scope.cancel()
+
+    @contextlib.asynccontextmanager
+    async def open_link(self, address: str, identity: bytes):
+        """A sender's DEALER socket to one receiver, and a socket that gets a message when it disconnects."""
+        options = {zmq.ROUTING_ID: identity, zmq.SNDHWM: 0, zmq.RCVHWM: 0}
+        async with self._open(zmq.DEALER, options, linger_ms=0, server=False) as sock:
+            monitor = _TrioSocket(sock.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+            sock.socket.connect(address)
+            try:
+                yield sock, monitor
+            finally:
+                sock.socket.disable_monitor()
+                monitor.close(0)
 
     @contextlib.asynccontextmanager
     async def open_publisher(self, capacity: int = 4, address: str | None = None):
-        async with self._open(zmq.PUB, {zmq.SNDHWM: capacity}, linger_ms=0) as sock:
+        async with self._open(zmq.PUB, {zmq.SNDHWM: capacity}, linger_ms=0, server=True) as sock:
             yield ZmqPublisher(sock, self._bind(sock, address))
 
     @contextlib.asynccontextmanager
     async def open_subscriber(
         self, addresses: list[str] = (), topics: list[bytes] = (b"",), capacity: int = 4
     ):
-        async with self._open(zmq.SUB, {zmq.RCVHWM: capacity}, linger_ms=0) as sock:
+        async with self._open(zmq.SUB, {zmq.RCVHWM: capacity}, linger_ms=0, server=False) as sock:
             for topic in topics:
                 sock.socket.setsockopt(zmq.SUBSCRIBE, topic)
             subscriber = ZmqSubscriber(sock)
@@ -214,16 +479,33 @@ class ZmqTransport:
             yield subscriber
 
     @contextlib.asynccontextmanager
-    async def _open(self, kind: int, options: dict, linger_ms: int):
+    async def _open(self, kind: int, options: dict, linger_ms: int, server: bool):
         socket = self.context.socket(kind)
-        socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)  # a peer sending more is disconnected
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + SOCKET_SLACK_BYTES)  # a peer sending more is cut off
         for option, value in options.items():
             socket.setsockopt(option, value)
+        if self.curve is not None:
+            self._secure(socket, server)
         sock = _TrioSocket(socket)
         try:
             yield sock
         finally:
             sock.close(linger_ms)
+
+    def _secure(self, socket: zmq.Socket, server: bool) -> None:
+        keys = self.curve
+        if server:
+            if self._authenticator is None:
+                from zmq.auth.thread import ThreadAuthenticator
+
+                self._authenticator = ThreadAuthenticator(self.context)
+                self._authenticator.start()
+                self._authenticator.configure_curve(domain="*", location=keys.authorized_dir)
+            socket.curve_server = True
+            socket.curve_publickey, socket.curve_secretkey = keys.server_public, keys.server_secret
+        else:
+            socket.curve_serverkey = keys.server_public
+            socket.curve_publickey, socket.curve_secretkey = keys.client_public, keys.client_secret
 
     def _bind(self, sock: _TrioSocket, address: str | None) -> str:
         sock.socket.bind(address or f"tcp://{self.host}:*")

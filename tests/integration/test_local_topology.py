@@ -6,6 +6,7 @@ import pytest
 
 from actors.host import LocalCluster
 from actors.launcher import build_topology
+from actors.monitor import MetricsLog
 from tests.integration.topology import small_config
 
 
@@ -37,6 +38,9 @@ def test_episodes_flow_and_rollouts_generate_with_new_weights(transport, tiny_mo
         env = cluster.statistics(top.envs[0])
         assert env["episodes"] >= learner["episodes"]
         assert all(cluster.statistics(name)["dropped_frames"] == 0 for name in top.names())
+        row = MetricsLog(tmp_path).snapshot({name: cluster.statistics(name) for name in top.names()})
+        assert row["streams_received"] > 0 and row["streams_sent"] > 0  # stream statistics reach the metrics
+        assert row["streams_dropped"] == row["streams_duplicates"] == 0
     finally:
         cluster.shutdown()
 

@@ -4,7 +4,7 @@ import pytest
 import zmq
 
 from actors.launcher import RayCluster, build_topology
-from streams.wire import FrameCounter, Kind
+from streams.wire import FrameCounter, Kind, LinkType, encode_link
 from tests.integration.test_local_topology import wait_for
 from tests.integration.topology import small_config
 
@@ -38,16 +38,21 @@ def test_malformed_frames_are_dropped_and_counted(ray_session, tiny_model_dir, t
         replay_inbox = zmq.Context.instance().socket(zmq.PULL)
         port = replay_inbox.bind_to_random_port("tcp://127.0.0.1")
         address = cluster.spawn("reward", RewardActor, RewardConfig(), peers={"replay": [f"tcp://127.0.0.1:{port}"]})
-        push = zmq.Context.instance().socket(zmq.PUSH)
-        push.connect(address["episodes"])
+        peer = zmq.Context.instance().socket(zmq.DEALER)  # speaks the link protocol, then sends bad frames
+        peer.connect(address["episodes"])
         frames = FrameCounter("intruder")
-        push.send_multipart([b"not msgpack", b"x"])  # bad header
-        push.send_multipart(frames.frame(Kind.EPISODES, b"not arrow"))  # bad body
-        push.send_multipart(frames.frame(Kind.WEIGHTS, b""))  # wrong kind for this stream
-        push.send_multipart([b"one part only"])
+        bad = [[b"not msgpack", b"x"],  # bad header
+               frames.frame(Kind.EPISODES, b"not arrow"),  # bad body
+               frames.frame(Kind.WEIGHTS, b""),  # wrong kind for this stream
+               [b"one part only"]]
+        for seq, parts in enumerate(bad):
+            peer.send_multipart([encode_link(LinkType.DATA, seq), *parts])
+        peer.send_multipart([b"no link envelope", b"x"])
         wait_for(lambda: cluster.statistics("reward")["dropped_frames"] == 4, "four dropped frames")
+        episodes = cluster.statistics("reward")["streams"]["episodes"]
+        assert episodes["dropped"] == 1 and episodes["received"] == 4
         assert cluster.statistics("reward")["episodes"] == 0  # and the actor still answers
-        push.close(0)
+        peer.close(0)
         replay_inbox.close(0)
     finally:
         cluster.shutdown()

@@ -6,13 +6,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.endpoints import Inbox, Outbox
 from actors.rollout import RolloutActor, RolloutConfig
-from actors.weights import weights_to_bytes
+from actors.weights import WeightsPublisher, weights_to_bytes
 from streams.channels import MemoryTransport
-from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest, Weights
+from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest
 from streams.wire import Kind
 
 
-def test_a_request_waits_for_the_weights_of_its_min_version(tiny_model_dir):
+def test_a_request_waits_for_the_weights_of_its_min_version(tiny_model_dir, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     newer = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     with torch.no_grad():
@@ -27,7 +27,8 @@ def test_a_request_waits_for_the_weights_of_its_min_version(tiny_model_dir):
         async with transport.open_publisher() as publisher, transport.open_receiver() as completions, \
                 trio.open_nursery() as nursery:
             addresses = await nursery.start(rollout.run, transport, {"weights": [publisher.address]})
-            weights = Outbox(publisher, Kind.WEIGHTS, "learner", topic=WEIGHTS_TOPIC + b"main")
+            weights = WeightsPublisher("learner", "main", Outbox(publisher, Kind.WEIGHTS, "learner",
+                                       topic=WEIGHTS_TOPIC + b"main"), fetch_from="mem://unused", directory=str(tmp_path))
             replies = Inbox(completions, Kind.COMPLETION, Completion.from_body)
             async with transport.open_sender([addresses["requests"]]) as requests:
                 out = Outbox(requests, Kind.GENERATE, "env")
@@ -37,7 +38,7 @@ def test_a_request_waits_for_the_weights_of_its_min_version(tiny_model_dir):
                 while rollout.statistics()["version_waits"] == 0:  # progress poll: the request is held
                     await trio.sleep(0.01)
                 seen["held_at"] = rollout.statistics()["version"]
-                await weights.send(Weights("main", 1, tensors).to_body())
+                await weights.publish(1, tensors)
                 seen["v1"] = await replies.receive()
             seen["stats"] = rollout.statistics()
             nursery.cancel_scope.cancel()

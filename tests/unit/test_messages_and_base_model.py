@@ -2,7 +2,7 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.base_model import TinyModelConfig, make_model, make_tokenizer
-from streams.messages import Completion, GenerationRequest, VersionAnnounced, Weights
+from streams.messages import Completion, GenerationRequest, VersionAnnounced, WeightsChunk, WeightsFetch, WeightsManifest
 from streams.wire import FrameError, pack
 
 
@@ -11,7 +11,10 @@ def test_messages_round_trip():
     assert GenerationRequest.from_body(request.to_body()) == request
     completion = Completion(7, [1, 2], [-0.5, -0.25], [3, 4], True)
     assert Completion.from_body(completion.to_body()) == completion
-    assert Weights.from_body(Weights("main", 3, b"\x00\x01").to_body()) == Weights("main", 3, b"\x00\x01")
+    manifest = WeightsManifest("main", 3, 10, 4, [1, 2, 3], "host/boot", "/dev/shm/w", "tcp://127.0.0.1:5")
+    assert WeightsManifest.from_body(manifest.to_body()) == manifest
+    assert WeightsFetch.from_body(WeightsFetch("main", 3, 2, "mem://x").to_body()) == WeightsFetch("main", 3, 2, "mem://x")
+    assert WeightsChunk.from_body(WeightsChunk("main", 3, 2, b"ab").to_body()) == WeightsChunk("main", 3, 2, b"ab")
     assert VersionAnnounced.from_body(VersionAnnounced("main", 9).to_body()) == VersionAnnounced("main", 9)
 
 
@@ -24,7 +27,16 @@ def test_malformed_messages_raise_frame_errors():
     with pytest.raises(FrameError, match="empty prompt"):
         GenerationRequest.from_body(GenerationRequest(1, "a", "main", [], 1.0, 4).to_body())
     with pytest.raises(FrameError):
-        Weights.from_body(b"\xc1 not msgpack")
+        WeightsManifest.from_body(b"\xc1 not msgpack")
+    with pytest.raises(FrameError, match="does not match its 2 checksums"):
+        WeightsManifest.from_body(WeightsManifest("main", 3, 10, 4, [1, 2], "h", "p", "tcp://a:1").to_body())
+    with pytest.raises(FrameError, match="not a stream address"):
+        GenerationRequest.from_body(GenerationRequest(1, "/etc/passwd", "main", [1], 1.0, 4).to_body())
+    with pytest.raises(FrameError, match="field temperature is a str"):
+        GenerationRequest.from_body(pack({"id": 1, "reply_to": "mem://a", "policy": "main", "prompt": b"\x01\x00\x00\x00",
+                                          "temperature": "hot", "max_tokens": 4, "min_version": 0}))
+    with pytest.raises(FrameError, match="out of range"):
+        GenerationRequest.from_body(GenerationRequest(1, "mem://a", "main", [1], 1.0, 10**9).to_body())
 
 
 def test_tiny_model_saves_and_loads_as_a_hugging_face_directory(tmp_path):

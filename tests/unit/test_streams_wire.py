@@ -51,6 +51,7 @@ def test_pack_round_trip():
         ([b"\xc1", b""], "header is not msgpack"),
         ([msgpack.packb([1, 2]), b""], "header is a list, expected a map"),
         ([header(kind="telepathy"), b""], "unknown frame kind 'telepathy'"),
+        ([header(kind=["x"]), b""], "unknown frame kind"),
         ([header(v=2), b""], "wire version 2, expected 1"),
         ([header(seq="3"), b""], "int seq"),
     ],
@@ -62,10 +63,20 @@ def test_malformed_frames_are_named(parts, message):
 
 def test_oversized_frames_are_rejected(monkeypatch):
     monkeypatch.setattr(wire, "MAX_FRAME_BYTES", 100)
-    with pytest.raises(FrameError, match="exceeds the limit of 100"):
+    with pytest.raises(FrameError, match="exceeds the limit of 100") as error:
         decode_frame([header(), b"x" * 100])
+    assert error.value.reason == "oversized"
+    monkeypatch.setitem(wire.FRAME_LIMITS, Kind.BATCH, 100)
     with pytest.raises(FrameError, match="exceeds the limit of 100"):
         encode_frame(Kind.BATCH, b"x" * 101, "replay", 0)
+
+
+def test_each_kind_has_its_own_size_limit():
+    small = wire.FRAME_LIMITS[Kind.VERSION]
+    with pytest.raises(FrameError, match=f"version frame of .* exceeds the limit of {small}") as error:
+        decode_frame([header(kind="version"), b"x" * small])
+    assert error.value.reason == "oversized"
+    decode_frame([header(kind="episodes"), b"x" * small])  # within the episodes limit
 
 
 BAD_MSGPACK = [b"\xc1", b"\x92\x01", msgpack.packb(msgpack.ExtType(1, b"x")), b"\x81\x01\x02"]

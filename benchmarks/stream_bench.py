@@ -1,0 +1,291 @@
+"""The work of benchmarks/streams.py (see there); a module of its own, so that `streams`, for every other
+script in benchmarks/, stays the package."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import time
+
+import numpy as np
+import trio
+import zmq
+
+from actors.endpoints import Inbox, Outbox
+from streams.channels import ZmqTransport
+from streams.schema import Columns, decode_table, encode_table, trajectory_table
+from streams.wire import Kind
+
+TOKENS = 512
+
+
+def trajectory_batch(records: int, seed: int = 0):
+    """``records`` agent-turns of 512 tokens each (256 prompt, 256 action) with every column filled."""
+    rng = np.random.default_rng(seed)
+    half = TOKENS // 2
+    rows = [{
+        Columns.EPISODE_ID: f"e{seed}-{i}", Columns.ENV_NAME: "bench", Columns.SEED: i, Columns.TURN: 0,
+        Columns.AGENT: 0, Columns.MATCHUP: "main,main", Columns.POLICY_ID: "main",
+        Columns.PROMPT_IDS: rng.integers(0, 32000, half).tolist(), Columns.ACTION_IDS: rng.integers(0, 32000, half).tolist(),
+        Columns.ACTION_TEXT: "x" * 64, Columns.BEHAVIOUR_LOGPROBS: (-rng.random(half)).tolist(),
+        Columns.POLICY_VERSIONS: [3] * half, Columns.REWARD: 1.0, Columns.TERMINATED: True,
+        Columns.TRUNCATED: False, Columns.EPISODE_RETURN: 1.0, Columns.INVALID_ACTION: False,
+        Columns.CREATED_AT: 0.0, Columns.GENERATED_AT: 0.0, Columns.SCORED_AT: 0.0,
+    } for i in range(records)]
+    return trajectory_table(rows)
+
+
+# -- 1. trajectories: three ways ----------------------------------------------------------------------
+
+def tidal_consumer(results, total: int) -> None:
+    async def main():
+        async with ZmqTransport().open_receiver(capacity=64) as receiver:
+            results.put(receiver.address)
+            inbox = Inbox(receiver, Kind.BATCH, decode_table)
+            rows = (await inbox.receive()).num_rows
+            started = time.perf_counter()
+            for _ in range(total - 1):
+                rows += (await inbox.receive()).num_rows
+            results.put((rows, time.perf_counter() - started))
+
+    trio.run(main)
+
+
+def tidal_producer(address: str, index: int, batches: int, records: int) -> None:
+    body = encode_table(trajectory_batch(records, index))
+
+    async def main():
+        async with ZmqTransport().open_sender([address], capacity=64) as sender:
+            outbox = Outbox(sender, Kind.BATCH, f"producer-{index}")
+            for _ in range(batches):
+                await outbox.send(body)
+            await sender.drain()  # every batch acknowledged: this process may exit
+
+    trio.run(main)
+
+
+def raw_consumer(results, total: int) -> None:
+    socket = zmq.Context.instance().socket(zmq.PULL)
+    port = socket.bind_to_random_port("tcp://127.0.0.1")
+    results.put(f"tcp://127.0.0.1:{port}")
+    socket.recv(copy=False)
+    started = time.perf_counter()
+    for _ in range(total - 1):
+        socket.recv(copy=False)
+    results.put((None, time.perf_counter() - started))
+
+
+def raw_producer(address: str, index: int, batches: int, records: int) -> None:
+    body = encode_table(trajectory_batch(records, index))
+    socket = zmq.Context.instance().socket(zmq.PUSH)
+    socket.connect(address)
+    for _ in range(batches):
+        socket.send(body, copy=False)
+    socket.close(linger=-1)
+    zmq.Context.instance().term()  # waits until every batch is sent: a child process exits without flushing
+
+
+def run_processes(consumer, producer, producers: int, batches: int, records: int) -> float:
+    """Records per second from ``producers`` processes to one consumer process."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    total = producers * batches
+    receiving = ctx.Process(target=consumer, args=(results, total))
+    receiving.start()
+    address = results.get(timeout=60)
+    sending = [ctx.Process(target=producer, args=(address, i, batches, records)) for i in range(producers)]
+    for process in sending:
+        process.start()
+    try:
+        _, seconds = results.get(timeout=300)
+    except Exception:
+        states = [(p.name, p.is_alive(), p.exitcode) for p in [receiving, *sending]]
+        raise RuntimeError(f"{consumer.__name__}: no result in 300 s; processes (name, alive, exit code): {states}")
+    for process in [receiving, *sending]:
+        process.join()
+    return (total - 1) * records / seconds
+
+
+def run_ray(producers: int, batches: int, records: int, window: int = 8) -> float:
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Consumer:
+        def __init__(self):
+            self.rows, self.first, self.last = 0, None, None
+
+        def consume(self, table) -> None:
+            self.last = time.perf_counter()
+            self.first = self.first or self.last
+            self.rows += table.num_rows
+
+        def result(self):
+            return self.rows, self.last - self.first
+
+    @ray.remote(num_cpus=0)
+    def produce(consumer, index: int) -> None:
+        table, pending = trajectory_batch(records, index), []
+        for _ in range(batches):
+            pending.append(consumer.consume.remote(table))
+            if len(pending) >= window:
+                _, pending = ray.wait(pending, num_returns=1)
+        ray.get(pending)
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        consumer = Consumer.remote()
+        ray.get([produce.remote(consumer, i) for i in range(producers)])
+        rows, seconds = ray.get(consumer.result.remote())
+    finally:
+        ray.shutdown()
+    return (rows - records) / seconds
+
+
+def bench_trajectories(quick: bool, records: int = 64, producers: int = 2) -> dict:
+    """Records per second each way. tidal and raw take turns (median of their runs), so that a change in
+    the machine's load falls on both alike; Ray, an order of magnitude slower, runs once."""
+    batches, repeats = (200, 3) if quick else (1000, 5)
+    runs = {"tidal": [], "raw": []}
+    for _ in range(repeats):
+        runs["tidal"].append(run_processes(tidal_consumer, tidal_producer, producers, batches, records))
+        runs["raw"].append(run_processes(raw_consumer, raw_producer, producers, batches, records))
+    rates = {name: statistics.median(rates) for name, rates in runs.items()}
+    rates["ray"] = run_ray(producers, batches // 2, records)
+    batch_kb = len(encode_table(trajectory_batch(records))) / 1024
+    for name, rate in rates.items():
+        spread = f", runs {min(runs[name]):.0f}-{max(runs[name]):.0f}" if name in runs else ""
+        print(f"trajectories {name:>5}: {rate:10.0f} records/s  ({rate * TOKENS / 1e6:.1f} M tokens/s; {producers} "
+              f"producers, batches of {records} records = {batch_kb:.0f} KiB{spread})", flush=True)
+    return rates
+
+
+# -- 2. weights: one publish, many readers ------------------------------------------------------------
+
+GROUPS = (1, 2, 4)  # a publish goes to the first n subscribers: each subscribes to the groups it is in
+
+
+def group_topic(n: int) -> bytes:
+    from streams.messages import WEIGHTS_TOPIC
+
+    return WEIGHTS_TOPIC + b"group%d" % n
+
+
+def weights_subscriber(address: str, report: str, index: int) -> None:
+    """Follows the weights like a rollout actor: fetch, check, copy into the model's tensors, report."""
+    import torch
+
+    from actors.weights import WeightsFollower, tensors_from_buffer
+    from streams.messages import WeightsManifest
+
+    torch.set_num_threads(1)  # as a rollout actor does (rollout.threads): one core each
+
+    async def main():
+        transport = ZmqTransport()
+        out = zmq.Context.instance().socket(zmq.PUSH)
+        out.connect(report)
+        follower, have, model = WeightsFollower(transport), -1, state_dict_100mb(torch.empty)
+        topics = [group_topic(n) for n in GROUPS if index < n]
+        async with transport.open_subscriber([address], topics) as subscription:
+            inbox = Inbox(subscription, Kind.WEIGHTS, WeightsManifest.from_body, topic=True)
+            while True:
+                manifest = await inbox.receive()
+                if manifest.version <= have:
+                    continue
+                data = await follower.fetch(manifest)
+                await trio.to_thread.run_sync(_copy_into, model, tensors_from_buffer(data))
+                have = manifest.version
+                out.send_string(f"{index} {have} {time.time()!r}")
+
+    trio.run(main)
+
+
+def _copy_into(model: dict, tensors: dict) -> None:
+    for name, tensor in tensors.items():
+        model[name].copy_(tensor)
+
+
+def state_dict_100mb(make=None):
+    import torch
+
+    return {f"layer{i}.weight": (make or torch.randn)(1024, 1024) for i in range(25)}  # 25 x 4 MiB
+
+
+async def publish_rounds(rounds: int) -> dict[int, float]:
+    """Median seconds from starting a publish (serialization included) until each of its n subscribers has
+    it checked and copied into its model, for n in GROUPS; the group sizes take turns, round by round, so
+    that a change in the machine's load falls on all of them alike."""
+    from safetensors.torch import save as save_tensors
+
+    from actors.weights import WeightsPublisher
+    from streams.messages import WeightsFetch
+
+    transport, ctx = ZmqTransport(), mp.get_context("spawn")
+    reports = zmq.Context.instance().socket(zmq.PULL)
+    report_address = f"tcp://127.0.0.1:{reports.bind_to_random_port('tcp://127.0.0.1')}"
+    state, times = state_dict_100mb(), {n: [] for n in GROUPS}
+    async with transport.open_publisher(capacity=16) as publisher, transport.open_receiver() as fetches:
+        groups = {n: WeightsPublisher(f"bench{n}", "main", Outbox(publisher, Kind.WEIGHTS, "bench", topic=group_topic(n)),
+                                      fetches.address) for n in GROUPS}
+        processes = [ctx.Process(target=weights_subscriber, args=(publisher.address, report_address, i), daemon=True)
+                     for i in range(max(GROUPS))]
+        for process in processes:
+            process.start()
+        try:
+            async with trio.open_nursery() as nursery:
+                fetch_inbox = Inbox(fetches, Kind.WEIGHTS_FETCH, WeightsFetch.from_body)
+                nursery.start_soon(groups[max(GROUPS)].serve_chunks, fetch_inbox, transport)
+                version = 0  # the warm-up: every subscriber joins and takes one version
+                await groups[max(GROUPS)].publish(version, await trio.to_thread.run_sync(save_tensors, state))
+                await _reports(reports, groups[max(GROUPS)], version, max(GROUPS), announce=True)
+                for round_ in range(rounds):
+                    for n in GROUPS[round_ % len(GROUPS):] + GROUPS[:round_ % len(GROUPS)]:
+                        version += 1
+                        started = time.time()
+                        await groups[n].publish(version, await trio.to_thread.run_sync(save_tensors, state))
+                        times[n].append(max(await _reports(reports, groups[n], version, n)) - started)
+                nursery.cancel_scope.cancel()
+        finally:
+            for weights in groups.values():
+                weights.close()
+            for process in processes:
+                process.kill()
+    reports.close(0)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+async def _reports(reports, weights, version: int, subscribers: int, announce: bool = False) -> list[float]:
+    done: dict[int, float] = {}
+    while len(done) < subscribers:
+        try:
+            index, got, at = reports.recv_string(zmq.NOBLOCK).split()
+        except zmq.Again:
+            if announce:
+                await weights.announce_latest()  # subscribers still joining (as the learner does every second)
+            await trio.sleep(0.002)
+            continue
+        if int(got) == version:
+            done[int(index)] = float(at)
+    return list(done.values())
+
+
+def bench_weights(quick: bool) -> dict:
+    rounds = 5 if quick else 15
+    seconds = trio.run(publish_rounds, rounds)
+    for n, s in seconds.items():
+        print(f"weights publish, 100 MB to {n} subscriber(s): {s * 1000:7.0f} ms (median of {rounds}, interleaved)",
+              flush=True)
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="tidal's streams against Ray and raw ZeroMQ, weights, a fuzzer")
+    parser.add_argument("--quick", action="store_true", help="a shorter run (about a minute)")
+    args = parser.parse_args()
+    from benchmarks.stream_fuzz import fuzz_live_actors
+
+    rates = bench_trajectories(args.quick)
+    seconds = bench_weights(args.quick)
+    fuzz = fuzz_live_actors(1000 if args.quick else 10_000)
+    print(f"vs_ray={rates['tidal'] / rates['ray']:.2f} vs_raw={rates['tidal'] / rates['raw']:.2f} "
+          f"publish4_vs_1={seconds[4] / seconds[1]:.2f} fuzz_frames={fuzz['frames']} fuzz_crashes={fuzz['crashes']}")

@@ -1,0 +1,72 @@
+"""Weights over real ZeroMQ sockets: versions in shared memory or in checked chunks, and late joiners."""
+
+import os
+
+import trio
+
+from actors.endpoints import Inbox, Outbox
+from actors.weights import WeightsFollower, WeightsPublisher
+from streams.channels import ZmqTransport
+from streams.messages import WEIGHTS_TOPIC, WeightsFetch, WeightsManifest
+from streams.wire import Kind
+
+TOPIC = WEIGHTS_TOPIC + b"main"
+
+
+def payload(version: int) -> bytes:
+    return bytes([version]) * 2500 + os.urandom(1500)
+
+
+async def latest_manifest(weights: WeightsPublisher, inbox: Inbox) -> WeightsManifest:
+    """What a late joiner hears: the learner re-announces its latest version until one arrives."""
+    for _ in range(200):
+        await weights.announce_latest()
+        with trio.move_on_after(0.05):
+            return await inbox.receive()
+    raise AssertionError("no manifest arrived")
+
+
+def test_a_late_joiner_gets_the_latest_version_checked(tmp_path):
+    async def test():
+        transport = ZmqTransport()
+        async with (
+            transport.open_publisher(capacity=16) as publisher,
+            transport.open_receiver() as fetches,
+            trio.open_nursery() as nursery,
+        ):
+            outbox = Outbox(publisher, Kind.WEIGHTS, "learner", topic=TOPIC)
+            weights = WeightsPublisher("learner", "main", outbox, fetches.address, directory=str(tmp_path),
+                                       chunk_bytes=1000)
+            nursery.start_soon(weights.serve_chunks, Inbox(fetches, Kind.WEIGHTS_FETCH, WeightsFetch.from_body),
+                               transport)
+            sent = {v: payload(v) for v in range(3)}
+            for version, data in sent.items():  # nobody listens yet
+                await weights.publish(version, data)
+            assert len(list(tmp_path.iterdir())) == 2  # the last two versions are kept
+
+            async with transport.open_subscriber([publisher.address], [TOPIC]) as subscription:
+                manifest = await latest_manifest(weights, Inbox(subscription, Kind.WEIGHTS,
+                                                                WeightsManifest.from_body, topic=True))
+            assert (manifest.version, manifest.chunks) == (2, 4)
+
+            local = WeightsFollower(transport)  # same host: reads the shared-memory file
+            assert bytes(await local.fetch(manifest)) == sent[2]
+            assert local.stats["from_shared_memory"] == 1
+
+            remote = WeightsFollower(transport)
+            remote.host = "another-host"  # as if on another machine: the chunks come over ZeroMQ
+            assert bytes(await remote.fetch(manifest)) == sent[2]
+            assert remote.stats["from_chunks"] == 1 and weights.stats["chunks_served"] == 4
+
+            gone = WeightsManifest(**{**manifest.__dict__, "version": 0})  # no longer kept by the learner
+            assert await remote.fetch(gone) is None and remote.stats["fetch_failed"] == 1
+
+            with open(manifest.path, "r+b") as f:  # a flipped byte in shared memory
+                f.seek(1200)
+                f.write(b"\xff")
+            assert await local.fetch(manifest) is None and local.stats["corrupt"] == 1
+            weights.close()
+            assert list(tmp_path.iterdir()) == []
+            nursery.cancel_scope.cancel()
+
+    trio.run(test)

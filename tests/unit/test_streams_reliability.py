@@ -1,0 +1,185 @@
+"""The ZeroMQ credit protocol over real sockets: credit exhaustion, reconnects, duplicates and gaps, CURVE."""
+
+import pytest
+import trio
+import zmq
+
+from streams.channels import ZmqTransport
+from streams.wire import LinkType, encode_link
+from streams.zmq_channels import CurveKeys
+
+QUIET_S = 0.3  # how long "nothing arrives" is watched for
+
+
+def numbered(i: int) -> list[bytes]:
+    return [b"m", str(i).encode()]
+
+
+async def receive_numbers(receiver, count: int) -> list[int]:
+    return [int(bytes((await receiver.receive())[1])) for _ in range(count)]
+
+
+async def assert_quiet(receiver) -> None:
+    with trio.move_on_after(QUIET_S):
+        extra = await receiver.receive()
+        raise AssertionError(f"unexpected message {extra!r}")
+
+
+async def send_until_blocked(sender, start: int) -> int:
+    """Send numbered messages from ``start`` until one has to wait; returns how many went out."""
+    for i in range(start, start + 100):
+        with trio.move_on_after(QUIET_S) as scope:
+            await sender.send(numbered(i))
+        if scope.cancelled_caught:
+            return i - start
+    return 100
+
+
+def test_a_sender_stops_at_its_credit_and_goes_on_when_it_comes_back():
+    async def test():
+        transport = ZmqTransport()
+        async with (
+            transport.open_receiver(capacity=4) as receiver,
+            transport.open_sender([receiver.address], capacity=4) as sender,
+        ):
+            assert await send_until_blocked(sender, 0) == 4  # exactly the window: no buffer decides it
+            assert sender.statistics()["in_flight"] == 4
+            assert await receive_numbers(receiver, 2) == [0, 1]  # half a window consumed: acknowledged
+            assert await send_until_blocked(sender, 4) == 2
+            stats = sender.statistics()
+            assert stats["sent"] == 6 and stats["in_flight"] == 4 and stats["send_waits"] >= 2
+            assert stats["wait_s"] >= 2 * QUIET_S
+            assert await receive_numbers(receiver, 4) == [2, 3, 4, 5]
+            await assert_quiet(receiver)  # the cancelled sends did not go out
+            assert receiver.statistics()["received"] == 6
+
+    trio.run(test)
+
+
+def test_a_receiver_grants_its_own_window():
+    async def test():
+        transport = ZmqTransport()
+        async with (
+            transport.open_receiver(capacity=2) as receiver,
+            transport.open_sender([receiver.address], capacity=64) as sender,
+        ):
+            await sender.send(numbered(0))
+            assert await receive_numbers(receiver, 1) == [0]  # acknowledged, with the window: 2
+            with trio.fail_after(5):
+                await sender.drain()
+            assert await send_until_blocked(sender, 1) == 2
+            assert sender.statistics()["in_flight"] == 2
+
+    trio.run(test)
+
+
+def test_a_restarted_receiver_gets_what_was_not_acknowledged_once():
+    async def test():
+        transport = ZmqTransport()
+        async with transport.open_sender(capacity=8) as sender, trio.open_nursery() as nursery:
+            async with transport.open_receiver(capacity=8) as first:
+                address = first.address
+                sender.connect(address)
+
+                async def produce():
+                    for i in range(40):
+                        await sender.send(numbered(i))
+
+                nursery.start_soon(produce)
+                got = await receive_numbers(first, 10)
+            # `first` is gone, with up to a window of messages sent to it and never read
+            async with transport.open_receiver(capacity=8, address=address) as second:
+                got += await receive_numbers(second, 30)
+                await assert_quiet(second)
+                assert got == list(range(40))  # nothing lost, nothing twice, in order
+                assert sender.statistics()["reconnects"] >= 1
+        assert sender.statistics()["in_flight"] == 0
+
+    trio.run(test)
+
+
+def test_a_restarted_sender_is_a_new_peer():
+    async def test():
+        transport = ZmqTransport()
+        async with transport.open_receiver() as receiver:
+            for incarnation in range(2):
+                async with transport.open_sender([receiver.address]) as sender:
+                    for i in range(5):
+                        await sender.send(numbered(incarnation * 5 + i))
+                    assert await receive_numbers(receiver, 5) == [incarnation * 5 + i for i in range(5)]
+            stats = receiver.statistics()
+            assert stats["received"] == 10 and stats["duplicates"] == 0 and stats["gaps"] == 0
+
+    trio.run(test)
+
+
+def test_duplicates_and_gaps_are_dropped_and_counted():
+    async def test():
+        transport = ZmqTransport()
+        async with transport.open_receiver() as receiver:
+            peer = zmq.Context.instance().socket(zmq.DEALER)
+            peer.connect(receiver.address)
+            for seq, body in [(0, b"a"), (1, b"b"), (1, b"b"), (0, b"a"), (3, b"d"), (7, b"h")]:
+                peer.send_multipart([encode_link(LinkType.DATA, seq), body])
+            assert [(await receiver.receive())[0] for _ in range(4)] == [b"a", b"b", b"d", b"h"]
+            await assert_quiet(receiver)
+            stats = receiver.statistics()
+            assert (stats["received"], stats["duplicates"], stats["gaps"]) == (4, 2, 4)
+            ack = peer.recv_multipart(zmq.NOBLOCK) if peer.poll(1000) else None
+            assert ack is not None, "the receiver acknowledged nothing"
+            peer.close(0)
+
+    trio.run(test)
+
+
+def test_messages_off_the_link_protocol_are_dropped_and_counted():
+    async def test():
+        transport = ZmqTransport()
+        async with transport.open_receiver() as receiver, transport.open_sender([receiver.address]) as sender:
+            peer = zmq.Context.instance().socket(zmq.DEALER)
+            peer.connect(receiver.address)
+            peer.send_multipart([b"no envelope"])
+            peer.send_multipart([b"x" * 17, b"body"])  # envelope of the wrong size
+            peer.send_multipart([b"XXXX" + encode_link(LinkType.DATA, 0)[4:], b"body"])  # wrong magic
+            peer.send_multipart([encode_link(LinkType.ACK, 0), b"body"])  # an ack where data belongs
+            await sender.send([b"good"])
+            assert await receiver.receive() == [b"good"]
+            await assert_quiet(receiver)
+            assert receiver.statistics()["dropped"] == 4
+            peer.close(0)
+
+    trio.run(test)
+
+
+def test_binding_beyond_loopback_requires_curve_keys():
+    with pytest.raises(ValueError, match="beyond loopback, requires CURVE keys"):
+        ZmqTransport(host="0.0.0.0")
+    ZmqTransport(host="127.0.0.1")  # loopback needs none
+
+
+def test_curve_streams_admit_only_the_clusters_clients(tmp_path):
+    keys = CurveKeys.create(str(tmp_path / "keys"))
+    stranger = CurveKeys.create(str(tmp_path / "stranger"))
+
+    async def test():
+        context = zmq.Context()
+        secure = ZmqTransport(context=context, curve=keys)
+        async with secure.open_receiver() as receiver:
+            async with secure.open_sender([receiver.address]) as sender:
+                await sender.send([b"secret"])
+                assert await receiver.receive() == [b"secret"]
+            impostor = ZmqTransport(context=context, curve=CurveKeys(
+                keys.server_public, keys.server_secret, stranger.client_public, stranger.client_secret, ""))
+            async with impostor.open_sender([receiver.address]) as sender:
+                await sender.send([b"let me in"])
+                await assert_quiet(receiver)
+        context.destroy(linger=0)
+
+    trio.run(test)
+
+
+def test_a_cluster_beyond_loopback_without_keys_does_not_start():
+    from actors.launcher import RayCluster
+
+    with pytest.raises(ValueError, match="set ray.curve_dir"):
+        RayCluster(host="10.1.2.3")
