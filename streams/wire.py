@@ -79,6 +79,11 @@ class FrameError(ValueError):
         self.reason = reason
 
 
+def _short(error: BaseException, limit: int = 120) -> str:
+    text = str(error)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 def pack(obj) -> bytes:
     """msgpack for small control bodies (str stays str, bytes stays bytes)."""
     return msgpack.packb(obj, use_bin_type=True)
@@ -89,7 +94,8 @@ def unpack(buf):
     try:
         return msgpack.unpackb(buf, raw=False, **_UNPACK_LIMITS)
     except (ValueError, TypeError, msgpack.UnpackException) as error:
-        raise FrameError(f"body is not valid msgpack: {error!r}") from error
+        # ExtraData's repr carries the whole unread remainder; name the error, not the bytes
+        raise FrameError(f"body is not valid msgpack: {type(error).__name__}: {_short(error)}") from error
 
 
 def encode_frame(kind: Kind, body: bytes, sender: str, seq: int) -> list[bytes]:
@@ -170,6 +176,9 @@ class DropLog:
         self.counts[reason] += 1
         n = self.counts[reason]
         if n <= self.LOG_FIRST or n % self.LOG_EVERY == 0:
+            detail = str(detail)
+            if len(detail) > 300:
+                detail = detail[:300] + "..."
             log.warning("%s dropped a frame (%s, %d so far): %s", self.where, reason, n, detail)
 
     def total(self) -> int:
