@@ -49,22 +49,31 @@ class Evaluation:
 class MetricsLog:
     """Appends one JSON line per snapshot to ``metrics.jsonl`` and derives rates between snapshots."""
 
-    def __init__(self, run_dir: Path, window_s: float = 30.0):
+    def __init__(self, run_dir: Path, window_s: float = 30.0, window_episodes: int = 0):
         self.path = run_dir / "metrics.jsonl"
-        self.window_s = window_s
+        self.window_s, self.window_episodes = window_s, window_episodes
         self._history: list[tuple[float, int, float]] = []  # (time, training episodes, their return sum)
         self.started = time.time()
         self._last: tuple[float, dict] | None = None
         self.rows: list[dict] = []
 
     def _train_return(self, now: float, totals: dict) -> float | None:
-        """The policy's mean return over the training episodes that ended in the last ``window_s``."""
-        self._history.append((now, totals["train_episodes"], totals["train_return_sum"]))
-        while len(self._history) > 2 and self._history[1][0] <= now - self.window_s:
+        """The policy's mean return over the training episodes that ended in the last ``window_s``, and at
+        least the last ``window_episodes`` of them: a window of a handful of episodes (a synchronous run waiting
+        for the last, slow episodes of a batch) would be noise. None until that many have ended."""
+        ended_now = totals["train_episodes"]
+        self._history.append((now, ended_now, totals["train_return_sum"]))
+
+        def covers_window(entry) -> bool:
+            return entry[0] <= now - self.window_s and entry[1] <= ended_now - self.window_episodes
+
+        while len(self._history) > 2 and covers_window(self._history[1]):
             self._history.pop(0)
         _, episodes, returns = self._history[0]
-        ended = totals["train_episodes"] - episodes
-        return (totals["train_return_sum"] - returns) / ended if ended else None
+        ended = ended_now - episodes
+        if not ended or ended < self.window_episodes:
+            return None
+        return (totals["train_return_sum"] - returns) / ended
 
     def snapshot(self, stats: dict[str, dict], evaluation: dict | None = None) -> dict:
         now = time.time()

@@ -23,7 +23,7 @@ class Run:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "config.json").write_text(json.dumps(cfg, indent=2))
         self.evaluations: list[dict] = []
-        self.metrics = MetricsLog(self.dir)
+        self.metrics = MetricsLog(self.dir, window_episodes=run.get("return_window_episodes") or 0)
         self.started = None
         self.target_reached_s = None
 

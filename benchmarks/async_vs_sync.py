@@ -3,13 +3,14 @@
     python benchmarks/async_vs_sync.py [--quick] [--etas 0 2 4] [--target 0.8] [--minutes 12] [overrides...]
 
 The task is `tool_latency` (envs/tool_latency.py): multi-turn, every tool call takes a log-normal time
-(heavy-tailed: median 0.1 s, sigma 1.5, capped at 10 s) and every turn draws its own generation budget, so
+(heavy-tailed: median 0.5 s, sigma 1.5, capped at 30 s) and every turn draws its own generation budget, so
 episodes vary a lot in length. The tiny model is warmed up on the task (half expert, half random-legal
 moves), and starts at a training return of about -0.3 (a forfeit is -1, a right answer 1); the target
 is 0.4. A KL penalty to the base model and an entropy bonus keep it from collapsing into answering at
 once without a lookup (which it otherwise did after a minute or two at eta = 2: always the same
 number, no signal left to learn from). Each eta is a real `tidal launch` (embedded Ray, ZeroMQ streams) that stops once the policy's
-mean training return over the last 30 s reaches ``--target``, or after ``--minutes``.
+mean training return (over the last 30 s and at least the last 128 episodes) reaches ``--target``, or after
+``--minutes``.
 
 At eta = 0 every batch waits for its slowest episode and the learner waits for every batch; at eta > 0
 the next episodes are already running while the learner trains. Prints one line per eta and ends with:
@@ -35,11 +36,16 @@ from actors.launcher import launch
 
 TASK = [
     "env=tool_latency", "env.args.concurrency=256", "env.args.max_retries=0", "env.args.env_args.lookups=1",
-    "env.args.env_args.latency_median_s=0.1", "env.args.env_args.latency_sigma=1.5",
-    "env.args.env_args.latency_max_s=10", "env.args.env_args.min_new_tokens=6",
+    "env.args.env_args.latency_median_s=0.5", "env.args.env_args.latency_sigma=1.5",
+    "env.args.env_args.latency_max_s=30", "env.args.env_args.min_new_tokens=6",
     "env.args.env_args.max_new_tokens=16", "sampling.max_new_tokens=16", "model.tiny.warmup_expert_share=0.5",
     "replay.args.capacity_episodes=256", "learner.args.lr=0.00025", "learner.args.objective.kl_coef=0.05",
     "learner.args.objective.entropy_coef=0.01", "eval.every_s=0", "eval.endpoint_games_per_seat=50",
+    # The warm-up plays the task on a mock clock, so tool latencies do not change its demonstrations: it keeps
+    # the arguments the cached base model was made with (a new latency would only rebuild the same model).
+    "model.tiny.warmup_env=tool_latency",
+    "+model.tiny.warmup_env_args={lookups:1,max_turns:6,latency_median_s:0.1,latency_sigma:1.5,latency_max_s:10,"
+    "min_new_tokens:6,max_new_tokens:16}",
 ]
 
 

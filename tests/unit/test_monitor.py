@@ -22,3 +22,18 @@ def test_training_return_is_the_mean_over_episodes_in_the_window(tmp_path, monke
     now[0] = 1075.0  # and now at t=40
     assert log.snapshot(stats(50, 17.0))["train_return"] == (17.0 - 15.0) / (50 - 30)
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 6
+
+
+def test_training_return_waits_for_enough_episodes_and_reaches_back_for_them(tmp_path, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr("actors.monitor.time.time", lambda: now[0])
+    log = MetricsLog(tmp_path, window_s=30.0, window_episodes=20)
+    log.snapshot(stats(0, 0.0))
+    rows = []
+    for t, episodes, total in [(10, 10, 0.0), (40, 15, 5.0), (80, 30, 11.0), (120, 32, 13.0)]:
+        now[0] = 1000.0 + t
+        rows.append(log.snapshot(stats(episodes, total)))
+    assert rows[0]["train_return"] is None and rows[1]["train_return"] is None  # fewer than 20 episodes ended
+    assert rows[2]["train_return"] == 11.0 / 20  # from t=10: the 30 s window alone would hold 15 episodes
+    # at t=120 the 30 s window holds 2 episodes; it reaches back to t=10, the newest snapshot >= 20 episodes ago
+    assert rows[3]["train_return"] == (13.0 - 0.0) / (32 - 10)
