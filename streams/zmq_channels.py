@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 YIELD_EVERY = 16
 SENDER_LINGER_S = 1.0  # on a clean close, a sender waits this long for its messages to be acknowledged
 RECEIVER_LINGER_MS = 500  # on close, a receiver's last acknowledgements get this long to go out
+REBIND_WAIT_S = 5.0  # how long an endpoint reopened at a given address waits for the old socket to let it go
 SOCKET_SLACK_BYTES = 2**20  # ZeroMQ disconnects a peer whose message part exceeds MAX_FRAME_BYTES + this
 
 
@@ -431,7 +432,7 @@ class ZmqTransport:
     async def open_receiver(self, capacity: int = 64, address: str | None = None):
         options = {zmq.RCVHWM: 0, zmq.SNDHWM: 0, zmq.ROUTER_HANDOVER: 1}
         async with self._open(zmq.ROUTER, options, RECEIVER_LINGER_MS, server=True) as sock:
-            receiver = ZmqReceiver(sock, self._bind(sock, address), capacity)
+            receiver = ZmqReceiver(sock, await self._bind(sock, address), capacity)
             try:
                 yield receiver
             finally:  # acknowledge what the actor got, so that a successor is not sent it again
@@ -464,7 +465,7 @@ class ZmqTransport:
     @contextlib.asynccontextmanager
     async def open_publisher(self, capacity: int = 4, address: str | None = None):
         async with self._open(zmq.PUB, {zmq.SNDHWM: capacity}, linger_ms=0, server=True) as sock:
-            yield ZmqPublisher(sock, self._bind(sock, address))
+            yield ZmqPublisher(sock, await self._bind(sock, address))
 
     @contextlib.asynccontextmanager
     async def open_subscriber(
@@ -507,7 +508,20 @@ class ZmqTransport:
             socket.curve_serverkey = keys.server_public
             socket.curve_publickey, socket.curve_secretkey = keys.client_public, keys.client_secret
 
-    def _bind(self, sock: _TrioSocket, address: str | None) -> str:
-        sock.socket.bind(address or f"tcp://{self.host}:*")
+    async def _bind(self, sock: _TrioSocket, address: str | None) -> str:
+        if address is None:
+            sock.socket.bind(f"tcp://{self.host}:*")
+        else:  # a restarted endpoint takes its old address back; its predecessor's socket may still be lingering
+            with trio.move_on_after(REBIND_WAIT_S) as waited:
+                while True:
+                    try:
+                        sock.socket.bind(address)
+                        break
+                    except zmq.ZMQError as error:
+                        if error.errno != zmq.EADDRINUSE:
+                            raise
+                    await trio.sleep(0.05)
+            if waited.cancelled_caught:
+                raise OSError(f"cannot bind {address}: still in use after {REBIND_WAIT_S:.0f} s")
         sock.wake()
         return sock.socket.getsockopt_string(zmq.LAST_ENDPOINT)
