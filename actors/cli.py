@@ -12,12 +12,38 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 def load_config(overrides: list[str], name: str = "launch") -> dict:
-    """Compose ``configs/<name>.yaml`` with Hydra overrides; a bad override fails with Hydra's message."""
+    """Compose ``configs/<name>.yaml`` with Hydra overrides; a bad override fails with Hydra's message.
+
+    ``resume=<run dir>`` continues that run instead: its own ``config.json``, with the other overrides
+    (plain ``key=value``, e.g. ``run.minutes=5``) applied on top.
+    """
+    resume = [o.split("=", 1)[1] for o in overrides if o.startswith("resume=")]
+    if resume:
+        return resumed_config(resume[-1], [o for o in overrides if not o.startswith("resume=")])
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name=name, overrides=overrides)
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def resumed_config(run_dir: str, overrides: list[str]) -> dict:
+    from omegaconf import OmegaConf
+
+    from actors.learner import find_checkpoint
+
+    path = Path(run_dir).expanduser()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"resume={run_dir}: not a run directory (no config.json)")
+    if find_checkpoint(path / "policy") is None:
+        raise FileNotFoundError(f"resume={run_dir}: the run left no checkpoint (policy/trainer_state.pt)")
+    cfg = OmegaConf.create(json.loads((path / "config.json").read_text()))
+    bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]
+    if bad:
+        raise ValueError(f"resume takes plain key=value overrides, not {', '.join(bad)}")
+    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+    cfg.resume, cfg.run.name, cfg.run.dir = str(path), path.name, str(path.parent)
     return OmegaConf.to_container(cfg, resolve=True)
 
 

@@ -57,6 +57,7 @@ class EnvConfig:
     max_staleness: int = 2  # eta: how many versions behind the learner a started episode may fall
     batch_episodes: int = 64  # the learner's batch size B, for admission
     admission_slot: tuple[int, int] = (0, 1)  # (i, n): this actor is i of n sharing the admission allowance
+    start_version: int = 0  # the learner's version when this actor starts (a resumed run's checkpoint)
     opponent: str = "random"  # the fixed opponent of the training games below
     opponent_share: float = 0.0  # fraction of training games against ``opponent`` instead of the mirror
     seed: int = 0
@@ -73,8 +74,9 @@ class EnvActor:
                        "truncated_actions": 0, "truncated_prompts": 0, "admission_waits": 0,
                        "train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
                        "abandoned_stale": 0}
-        self._started = 0  # training episodes started and not dropped
-        self.learner_version = 0
+        # Training episodes started and not dropped; a resumed run counts the episodes its learner consumed.
+        self._started = self._share(cfg.start_version * cfg.batch_episodes)
+        self.learner_version = cfg.start_version
         self._idle_games = [self._make_game()]  # also checks env_name and env_args now
         self._return_sums = [0.0] * self._idle_games[0].num_players
         self._nursery = None
@@ -142,7 +144,10 @@ class EnvActor:
     # -- episodes --------------------------------------------------------------------------------------
 
     def _admission_limit(self) -> int:
-        allowance = (self.cfg.max_staleness + self.learner_version + 1) * self.cfg.batch_episodes
+        return self._share((self.cfg.max_staleness + self.learner_version + 1) * self.cfg.batch_episodes)
+
+    def _share(self, allowance: int) -> int:
+        """This actor's exact share of ``allowance`` among the env actors."""
         i, n = self.cfg.admission_slot
         return allowance * (i + 1) // n - allowance * i // n
 

@@ -87,7 +87,9 @@ def build_topology(cluster, cfg: dict, model_path: str | Path, run_dir: Path) ->
     sampling = cfg["sampling"]
     learner = cluster.spawn(top.learner, LearnerActor, LearnerConfig(
         model_path=model_path, temperature=sampling["temperature"], save_dir=str(run_dir / "policy"),
-        max_staleness=cfg["learner"]["max_staleness"], seed=cfg["run"]["seed"], **cfg["learner"]["args"]), peers={})
+        max_staleness=cfg["learner"]["max_staleness"], seed=cfg["run"]["seed"],
+        checkpoint_every=cfg["learner"].get("checkpoint_every", 0), resume=bool(cfg.get("resume")),
+        **cfg["learner"]["args"]), peers={})
     replay = cluster.spawn(top.replay, ReplayActor, ReplayConfig(**cfg["replay"]["args"]),
                            peers={"learner": [learner["batches"]]})
     reward = cluster.spawn(top.reward, RewardActor, RewardConfig(**cfg["reward"]["args"]),
@@ -106,6 +108,7 @@ def build_topology(cluster, cfg: dict, model_path: str | Path, run_dir: Path) ->
             tokenizer_path=model_path, temperature=sampling["temperature"],
             max_new_tokens=sampling["max_new_tokens"], max_staleness=cfg["learner"]["max_staleness"],
             batch_episodes=cfg["replay"]["args"]["batch_episodes"], admission_slot=(i, envs),
+            start_version=learner["version"],
             seed=cfg["run"]["seed"] * 1000 + i, **cfg["env"]["args"]),
             peers={"rollout": rollout_addresses, "reward": [reward["episodes"]], "versions": [learner["weights"]]})
     return top

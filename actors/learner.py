@@ -6,14 +6,22 @@ published to every rollout actor of the policy (and the new version to whoever f
 Before an update the staleness bound is enforced: an episode with a token more than ``max_staleness``
 versions older than the learner is dropped from the batch and counted (admission control upstream
 normally makes this rare; with ``max_staleness=0`` every trained token has the learner's version).
+
+Checkpoints: every ``checkpoint_every`` versions and when it stops, the learner writes its policy (a Hugging
+Face model directory, loadable with ``from_pretrained``) and, beside it, ``trainer_state.pt``: the optimizer,
+the version, the random state, the advantage baselines and its running totals. A learner started with
+``resume=True`` and a checkpoint in ``save_dir`` continues from it, at the same version. A checkpoint is
+written to a fresh directory and swapped in, so a process killed while writing leaves the previous one.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import trio
@@ -39,7 +47,9 @@ class LearnerConfig:
     temperature: float = 1.0
     threads: int = 1
     announce_every_s: float = 1.0  # re-announce the version and weights, for late joiners and missed ones
-    save_dir: str | None = None
+    save_dir: str | None = None  # the checkpoint: the policy and the trainer's state
+    checkpoint_every: int = 0  # versions between checkpoints (0: only when the learner stops)
+    resume: bool = False  # continue from the checkpoint in save_dir
     seed: int = 0
 
     def __post_init__(self):
@@ -47,6 +57,10 @@ class LearnerConfig:
             self.objective = Objective(**self.objective)
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, not {self.max_staleness}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, not {self.checkpoint_every}")
+        if self.resume and not self.save_dir:
+            raise ValueError("resume needs save_dir, the directory of the checkpoint to continue from")
 
 
 class LearnerActor:
@@ -60,6 +74,7 @@ class LearnerActor:
                         "rejected_tokens": 0}
         self._staleness = Counter()  # tokens trained on, by staleness, over the whole run
         self._first_batch_at = None
+        self._resumed_train_s = 0.0  # training time before a resume, which the busy fraction leaves out
         self._inbox = None
         self._weights = None
         self._streams: dict = {}
@@ -79,7 +94,8 @@ class LearnerActor:
             versions_out = Outbox(publisher, Kind.VERSION, self.name, topic=VERSION_TOPIC + policy)
             fetch_inbox = Inbox(fetches, Kind.WEIGHTS_FETCH, WeightsFetch.from_body)
             self._streams = {"batches": self._inbox, "fetch": fetch_inbox, "publisher": versions_out}
-            task_status.started({"batches": batches.address, "weights": publisher.address, "fetch": fetches.address})
+            task_status.started({"batches": batches.address, "weights": publisher.address, "fetch": fetches.address,
+                                 "version": self.version})
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._announce, versions_out, weights)
@@ -96,11 +112,14 @@ class LearnerActor:
                         await weights.publish(self.version, tensors)
                         await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
                         self.history.append(stats)
+                        every = self.cfg.checkpoint_every
+                        if self.cfg.save_dir and every and self.version % every == 0:
+                            await trio.to_thread.run_sync(self._save, model, tokenizer, optimizer)
             finally:
                 weights.close()
                 if self.cfg.save_dir:
                     with trio.CancelScope(shield=True):
-                        await trio.to_thread.run_sync(self._save, model, tokenizer)
+                        await trio.to_thread.run_sync(self._save, model, tokenizer, optimizer)
 
     async def _announce(self, versions_out: Outbox, weights: WeightsPublisher) -> None:
         while True:
@@ -111,10 +130,42 @@ class LearnerActor:
     def _load(self):
         torch.set_num_threads(self.cfg.threads)
         torch.manual_seed(self.cfg.seed)
-        model, tokenizer = load_policy(self.cfg.model_path)
+        checkpoint = find_checkpoint(self.cfg.save_dir) if self.cfg.resume else None
+        if self.cfg.resume and checkpoint is None:
+            raise FileNotFoundError(f"resume: no checkpoint in {self.cfg.save_dir} (no {TRAINER_STATE} there)")
+        model, tokenizer = load_policy(str(checkpoint or self.cfg.model_path))
         self.reference = load_policy(self.cfg.model_path)[0] if self.cfg.objective.kl_coef > 0 else None
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, weight_decay=0.0)
+        if checkpoint is not None:
+            self._restore(torch.load(checkpoint / TRAINER_STATE, weights_only=False), optimizer)
+            log.info("resumed from %s at version %d", checkpoint, self.version)
         return model, tokenizer, optimizer
+
+    def _save(self, model, tokenizer, optimizer) -> None:
+        """Write the policy and the trainer's state to a new directory, then swap it in for the last one."""
+        final = Path(self.cfg.save_dir)
+        fresh, old = final.with_name(final.name + ".new"), final.with_name(final.name + ".old")
+        shutil.rmtree(fresh, ignore_errors=True)
+        model.save_pretrained(fresh)
+        tokenizer.save_pretrained(fresh)
+        torch.save({"version": self.version, "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
+                    "role_ids": self.state.role_ids, "baselines": self.state.baselines, "totals": self._totals,
+                    "staleness": dict(self._staleness)}, fresh / TRAINER_STATE)
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+        fresh.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+        log.info("checkpoint: the policy at version %d in %s", self.version, final)
+
+    def _restore(self, state: dict, optimizer) -> None:
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        self.version = state["version"]
+        self.state = TrainerState(role_ids=state["role_ids"], baselines=state["baselines"])
+        self._totals.update(state["totals"])
+        self._resumed_train_s = self._totals["train_s"]
+        self._staleness.update(state["staleness"])
 
     def _update(self, model, optimizer, tokenizer, table) -> dict:
         started = time.perf_counter()
@@ -156,17 +207,26 @@ class LearnerActor:
                  self.cfg.max_staleness, self.version)
         return table.filter(keep) if any(keep) else None
 
-    def _save(self, model, tokenizer) -> None:
-        model.save_pretrained(self.cfg.save_dir)
-        tokenizer.save_pretrained(self.cfg.save_dir)
-        log.info("saved the policy at version %d to %s", self.version, self.cfg.save_dir)
-
     def statistics(self) -> dict:
         dropped = self._inbox.statistics()["dropped_frames"] if self._inbox else 0
         last = self.history[-1] if self.history else {}
         wall = time.perf_counter() - self._first_batch_at if self._first_batch_at else 0.0
-        busy = min(self._totals["train_s"] / wall, 1.0) if wall > 0 else 0.0
+        busy = min((self._totals["train_s"] - self._resumed_train_s) / wall, 1.0) if wall > 0 else 0.0
         return {**self._totals, "version": self.version, "last": last, "dropped_frames": dropped, "busy": busy,
                 "staleness_hist": {str(k): self._staleness[k] for k in sorted(self._staleness)},
                 "weights": self._weights.stats if self._weights else {},
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}
+
+
+TRAINER_STATE = "trainer_state.pt"
+
+
+def find_checkpoint(save_dir: str | Path | None) -> Path | None:
+    """The complete checkpoint in ``save_dir`` (or the one a swap cut short left beside it), else None."""
+    if not save_dir:
+        return None
+    final = Path(save_dir)
+    for candidate in (final, final.with_name(final.name + ".old")):
+        if (candidate / TRAINER_STATE).exists():
+            return candidate
+    return None

@@ -53,9 +53,23 @@ class MetricsLog:
         self.path = run_dir / "metrics.jsonl"
         self.window_s, self.window_episodes = window_s, window_episodes
         self._history: list[tuple[float, int, float]] = []  # (time, training episodes, their return sum)
-        self.started = time.time()
+        self.started: float | None = None  # when training started; rows before it are at minute 0 (or the
+        self._elapsed_before = 0.0          # minute a resumed run stopped at)
         self._last: tuple[float, dict] | None = None
         self.rows: list[dict] = []
+
+    def load(self) -> float:
+        """Take back the rows a run (being resumed) already wrote; returns the elapsed seconds they cover."""
+        if not self.path.exists():
+            return 0.0
+        with self.path.open() as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    self.rows.append(json.loads(line))
+                except json.JSONDecodeError:  # the last line of a killed run may be cut short
+                    log.warning("%s:%d is not a whole metrics row; skipped", self.path, number)
+        self._elapsed_before = self.rows[-1]["elapsed_s"] if self.rows else 0.0
+        return self._elapsed_before
 
     def _train_return(self, now: float, totals: dict) -> float | None:
         """The policy's mean return over the training episodes that ended in the last ``window_s``, and at
@@ -89,7 +103,7 @@ class MetricsLog:
             "tokens": sum(s["tokens"] for s in rollouts),
         }
         replay = stats.get("replay", {})
-        row = {"time": now, "elapsed_s": now - self.started, "version": learner["version"], **totals,
+        row = {"time": now, "elapsed_s": now - self.started if self.started is not None else self._elapsed_before, "version": learner["version"], **totals,
                "trained_episodes": learner["episodes"], "learner_train_s": learner["train_s"],
                "learner_busy": learner.get("busy"),
                "rollout_idle": sum(s.get("idle_fraction", 0.0) for s in rollouts) / max(len(rollouts), 1),

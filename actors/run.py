@@ -22,8 +22,11 @@ class Run:
         self.dir = Path(run["dir"]).expanduser() / name
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "config.json").write_text(json.dumps(cfg, indent=2))
-        self.evaluations: list[dict] = []
         self.metrics = MetricsLog(self.dir, window_episodes=run.get("return_window_episodes") or 0)
+        self.resumed = bool(cfg.get("resume"))
+        # A resumed run continues its clock and its curves: its budget is the run's, not one more of it.
+        self.offset_s = self.metrics.load() if self.resumed else 0.0
+        self.evaluations: list[dict] = [r["evaluation"] for r in self.metrics.rows if "evaluation" in r]
         self.started = None
         self.target_reached_s = None
 
@@ -45,8 +48,9 @@ class Run:
         try:
             self.top = build_topology(cluster, self.cfg, model_path, self.dir)
             self.cluster = cluster
-            self._evaluate_now("start", self.cfg["eval"]["endpoint_games_per_seat"])
-            self.started = self.metrics.started = time.time()  # minute 0 of the curves: training starts
+            self._evaluate_now("resume" if self.resumed else "start", self.cfg["eval"]["endpoint_games_per_seat"])
+            # minute 0 of the curves: training starts (a resumed run goes on from where its metrics stopped)
+            self.started = self.metrics.started = time.time() - self.offset_s
             for env in self.top.envs:
                 cluster.call(env, "set_training", True)
             self._train()
@@ -70,7 +74,7 @@ class Run:
         return self._record(result)
 
     def _record(self, result: dict, stats: dict | None = None) -> dict:
-        result["minute"] = (time.time() - self.started) / 60 if self.started else 0.0
+        result["minute"] = (time.time() - self.started) / 60 if self.started else self.offset_s / 60
         self.evaluations.append(result)
         self.metrics.snapshot(stats or self._stats(), evaluation=result)
         log.info("evaluation %s: non-loss %.3f vs %s (by seat %s), invalid %.3f", result["tag"], result["nonloss"],
