@@ -68,12 +68,12 @@ class EnvActor:
         self.cfg, self.name = cfg, name
         self._ids = itertools.count()
         self._rng = random.Random(cfg.seed)
-        self._waiting: dict[int, tuple[trio.Event, list]] = {}
+        self._waiting: dict[int, tuple[trio.Event, list, bytes]] = {}  # request id -> (done, completion, request)
         self._evaluations: dict[str, EvaluationTally] = {}
         self._stats = {"episodes": 0, "steps": 0, "turns": 0, "invalid_actions": 0, "forfeits": 0, "errored": 0,
                        "truncated_actions": 0, "truncated_prompts": 0, "admission_waits": 0,
                        "train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
-                       "abandoned_stale": 0}
+                       "abandoned_stale": 0, "reissued_requests": 0, "duplicate_completions": 0}
         # Training episodes started and not dropped; a resumed run counts the episodes its learner consumed.
         self._started = self._share(cfg.start_version * cfg.batch_episodes)
         self.learner_version = cfg.start_version
@@ -124,6 +124,13 @@ class EnvActor:
         seats = range(len(self._return_sums))
         matches = ((seat, self._seats(opponent, seat, player)) for _ in range(games_per_seat) for seat in seats)
         self._nursery.start_soon(self._evaluate, tally, matches)
+
+    def reissue(self) -> int:
+        """Send again every generation request still unanswered (a rollout actor died with some of them;
+        which ones, only it knew). A request answered twice counts once. Returns how many go out."""
+        bodies = [(request_id, body) for request_id, (_, slot, body) in self._waiting.items() if not slot]
+        self._nursery.start_soon(self._reissue, bodies)
+        return len(bodies)
 
     def statistics(self) -> dict:
         episodes = max(self._stats["episodes"], 1)
@@ -302,11 +309,11 @@ class EnvActor:
     async def _generate(self, prompt_ids: list[int], max_tokens: int) -> Completion:
         request_id = next(self._ids)
         done, slot = trio.Event(), []
-        self._waiting[request_id] = (done, slot)
-        request = GenerationRequest(request_id, self._reply_to, self.cfg.policy_id, prompt_ids,
-                                    self.cfg.temperature, max_tokens, self.learner_version)
+        body = GenerationRequest(request_id, self._reply_to, self.cfg.policy_id, prompt_ids,
+                                 self.cfg.temperature, max_tokens, self.learner_version).to_body()
+        self._waiting[request_id] = (done, slot, body)
         try:
-            await self._requests.send(request.to_body())
+            await self._requests.send(body)
             await done.wait()
         finally:
             self._waiting.pop(request_id, None)
@@ -316,11 +323,17 @@ class EnvActor:
         while True:
             completion = await self._completions.receive()
             waiter = self._waiting.get(completion.request_id)
-            if waiter is None:
-                log.warning("completion for unknown request %d dropped", completion.request_id)
+            if waiter is None or waiter[1]:  # a reissued request answered twice, or a stray: the first counts
+                self._stats["duplicate_completions"] += 1
                 continue
             waiter[1].append(completion)
             waiter[0].set()
+
+    async def _reissue(self, bodies: list[tuple[int, bytes]]) -> None:
+        for request_id, body in bodies:
+            if request_id in self._waiting and not self._waiting[request_id][1]:
+                await self._requests.send(body)
+                self._stats["reissued_requests"] += 1
 
 
 class _FellBehind(Exception):

@@ -9,6 +9,7 @@ channels (or ZeroMQ sockets, for tests of the real data plane without Ray).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import trio
@@ -79,6 +80,9 @@ class ActorHost:
     def statistics(self) -> dict:
         return self._loop.call(self.actor.statistics)
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def stop(self) -> None:
         self._loop.stop()
 
@@ -100,6 +104,9 @@ class LocalCluster:
 
     def statistics(self, name: str) -> dict:
         return self.call(name, "statistics")
+
+    def is_dead(self, error: Exception) -> bool:  # one process: an actor cannot die alone
+        return False
 
     def shutdown(self) -> None:
         self._loop.stop()

@@ -7,6 +7,7 @@ actors run on one trio loop in this process instead.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,13 +40,31 @@ class RayCluster:
             kwargs = {"num_cpus": num_cpus} if address is None else {"address": address}
             ray.init(include_dashboard=False, logging_level=logging.WARNING, **kwargs)
         self.handles: dict[str, object] = {}
+        self.specs: dict[str, tuple] = {}  # name -> (class, config, peers, addresses): what a restart needs
         # num_cpus=0: actors share the machine's cores; Ray only places and supervises them.
         self._remote_host = ray.remote(num_cpus=0, max_concurrency=4)(ActorHost)
 
     def spawn(self, name: str, actor_cls, cfg, peers: dict) -> dict:
         handle = self._remote_host.options(name=name).remote(actor_cls, cfg, name, self.host, self.curve_dir)
         self.handles[name] = handle
-        return self.ray.get(handle.start.remote(peers))
+        addresses = self.ray.get(handle.start.remote(peers))
+        self.specs[name] = (actor_cls, cfg, peers, addresses)
+        return addresses
+
+    def restart(self, name: str) -> dict:
+        """Start a dead actor again, with its config and peers, at its old addresses (those who send to it
+        reconnect by themselves and send again what it had not acknowledged)."""
+        actor_cls, cfg, peers, addresses = self.specs[name]
+        self.ray.kill(self.handles.pop(name), no_restart=True)  # if it is not quite dead yet
+        if "requests" in addresses:
+            cfg = dataclasses.replace(cfg, address=addresses["requests"])
+        return self.spawn(name, actor_cls, cfg, peers)
+
+    def is_dead(self, error: Exception) -> bool:
+        return isinstance(error, self.ray.exceptions.RayActorError)
+
+    def pid(self, name: str) -> int:
+        return self.ray.get(self.handles[name].pid.remote())
 
     def call(self, name: str, method: str, *args):
         return self.ray.get(self.handles[name].call.remote(method, *args))

@@ -112,6 +112,8 @@ class MetricsLog:
                "live_episodes": sum(s.get("live_episodes", 0) for s in envs),
                "rejected_episodes": learner.get("rejected_episodes", 0),
                "abandoned_episodes": sum(s.get("abandoned_stale", 0) for s in envs),
+               "reissued_requests": sum(s.get("reissued_requests", 0) for s in envs),
+               "duplicate_completions": sum(s.get("duplicate_completions", 0) for s in envs),
                "staleness_total": learner.get("staleness_hist", {}),
                "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values())}
         row.update(stream_totals([s for actor in stats.values() for s in actor.get("streams", {}).values()]))

@@ -38,6 +38,7 @@ class RolloutConfig:
     threads: int = 1
     interruptible: bool = True  # apply new weights between decoding steps, not only between batches
     seed: int = 0
+    address: str | None = None  # where to take requests (a restarted actor takes its predecessor's address)
 
 
 class RolloutActor:
@@ -62,7 +63,7 @@ class RolloutActor:
         self._queue, self._weights_arrived = queue_out, trio.Event()
         topic = WEIGHTS_TOPIC + self.cfg.policy_id.encode()
         async with (
-            transport.open_receiver(capacity=1024) as requests,
+            transport.open_receiver(capacity=1024, address=self.cfg.address) as requests,
             transport.open_subscriber(peers.get("weights", []), topics=[topic]) as weights,
             trio.open_nursery() as nursery,
         ):

@@ -29,6 +29,7 @@ class Run:
         self.evaluations: list[dict] = [r["evaluation"] for r in self.metrics.rows if "evaluation" in r]
         self.started = None
         self.target_reached_s = None
+        self.restarts: dict[str, int] = {}  # actor -> times restarted after it died
 
     def model_path(self) -> Path:
         model = self.cfg["model"]
@@ -65,7 +66,29 @@ class Run:
         return self._summarize(interrupted)
 
     def _stats(self) -> dict[str, dict]:
-        return {name: self.cluster.statistics(name) for name in self.top.names()}
+        """Every actor's statistics; this is also the health check: a dead actor is found here."""
+        stats = {}
+        for name in self.top.names():
+            try:
+                stats[name] = self.cluster.statistics(name)
+            except Exception as error:
+                if not self.cluster.is_dead(error):
+                    raise
+                stats[name] = self._recover(name, error)
+        return stats
+
+    def _recover(self, name: str, error: Exception) -> dict:
+        """Restart a dead rollout actor; its unanswered requests are sent again. Other kinds end the run (its
+        learner's checkpoint lets it resume)."""
+        if name not in self.top.rollouts:
+            raise RuntimeError(f"the {name} actor died ({type(error).__name__}); only rollout actors are restarted "
+                               f"so far: continue the run with `tidal launch resume={self.dir}`") from error
+        log.warning("%s died (%s); restarting it", name, type(error).__name__)
+        self.cluster.restart(name)
+        reissued = sum(self.cluster.call(env, "reissue") for env in self.top.envs)
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        log.warning("%s restarted; %d unanswered generation requests sent again", name, reissued)
+        return self.cluster.statistics(name)
 
     def _evaluate_now(self, tag: str, games: int) -> dict:
         evaluation = Evaluation(self.cluster, self.top.envs, tag, games, self.cfg["eval"]["opponent"])
@@ -140,6 +163,7 @@ class Run:
             "rollout_idle": rows[-1].get("rollout_idle") if rows else None,
             "staleness_hist": rows[-1].get("staleness_total") if rows else {},
             "rejected_episodes": rows[-1].get("rejected_episodes") if rows else 0,
+            "restarts": self.restarts,
             "evaluations": self.evaluations,
         }
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
