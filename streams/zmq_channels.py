@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 YIELD_EVERY = 16
 SENDER_LINGER_S = 1.0  # on a clean close, a sender waits this long for its messages to be acknowledged
 RECEIVER_LINGER_MS = 500  # on close, a receiver's last acknowledgements get this long to go out
+STALLED_RETRY_S = 0.2  # a link whose socket had no peer to take a message reopens after this long
 REBIND_WAIT_S = 5.0  # how long an endpoint reopened at a given address waits for the old socket to let it go
 SOCKET_SLACK_BYTES = 2**20  # ZeroMQ disconnects a peer whose message part exceeds MAX_FRAME_BYTES + this
 
@@ -134,6 +135,11 @@ def _check_sizes(parts) -> None:
             raise FrameError(f"message part of {len(part)} bytes exceeds the limit of {MAX_FRAME_BYTES}", "oversized")
 
 
+async def _cancel_after(scope: trio.CancelScope, wait) -> None:
+    await wait()
+    scope.cancel()
+
+
 class _Link:
     """One sender's connection to one receiver: a DEALER socket of its own, the messages not yet acknowledged."""
 
@@ -144,6 +150,7 @@ class _Link:
         self.next_seq = 0
         self.sock: _TrioSocket | None = None  # None while (re)opening: messages wait in `unacked`
         self.scope = trio.CancelScope()
+        self.stalled = trio.Event()  # set when the socket had no peer to take a message: reopen, send again
 
     def has_credit(self) -> bool:
         return len(self.unacked) < self.window
@@ -152,12 +159,23 @@ class _Link:
         message = [encode_link(LinkType.DATA, self.next_seq), *parts]
         self.unacked[self.next_seq] = message
         self.next_seq += 1
-        if self.sock is not None:
-            self.sock.send_nowait(message)
+        if self.sock is not None and not self.stalled.is_set():
+            self._send(message)
 
     def resend(self) -> None:
         for message in self.unacked.values():
+            if not self._send(message):
+                return
+
+    def _send(self, message: list) -> bool:
+        """Hand a message to the socket. A socket with no connected peer (one that refused the handshake,
+        say) cannot take it: the message stays unacknowledged and goes again on the next connection."""
+        try:
             self.sock.send_nowait(message)
+            return True
+        except zmq.Again:
+            self.stalled.set()
+            return False
 
     def acknowledged(self, seq: int, window: int) -> None:
         """Every message before ``seq`` was delivered; the receiver takes ``window`` unacknowledged."""
@@ -231,17 +249,19 @@ class ZmqSender:
         with link.scope:
             while True:
                 async with self._transport.open_link(link.address, self.identity) as (sock, disconnected):
-                    link.sock = sock
+                    link.sock, link.stalled = sock, trio.Event()
                     link.resend()
                     try:
                         async with trio.open_nursery() as nursery:
                             nursery.start_soon(self._read_acks, link, sock)
-                            await disconnected.receive()
-                            nursery.cancel_scope.cancel()
+                            nursery.start_soon(_cancel_after, nursery.cancel_scope, disconnected.receive)
+                            nursery.start_soon(_cancel_after, nursery.cancel_scope, link.stalled.wait)
                     finally:
                         link.sock = None
                 self._stats["reconnects"] += 1
                 log.info("link to %s dropped; resending %d unacknowledged messages", link.address, len(link.unacked))
+                if link.stalled.is_set():
+                    await trio.sleep(STALLED_RETRY_S)  # a peer that takes nothing is not retried in a tight loop
 
     async def _read_acks(self, link: _Link, sock: _TrioSocket) -> None:
         while True:

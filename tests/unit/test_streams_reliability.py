@@ -183,3 +183,23 @@ def test_a_cluster_beyond_loopback_without_keys_does_not_start():
 
     with pytest.raises(ValueError, match="set ray.curve_dir"):
         RayCluster(host="10.1.2.3")
+
+
+def test_a_socket_with_no_peer_to_take_a_message_keeps_it_for_the_next_connection():
+    # A DEALER whose peer refused the handshake (CURVE) has no pipe: sending raises zmq.Again. The link keeps
+    # the message unacknowledged and asks for a new connection, instead of crashing its actor.
+    from streams.zmq_channels import _Link
+
+    class NoPeer:
+        def send_nowait(self, parts):
+            raise zmq.Again()
+
+    async def test():
+        link = _Link("tcp://127.0.0.1:1", capacity=4)
+        link.sock = NoPeer()
+        link.send([b"one"])
+        link.send([b"two"])  # stalled: not even tried
+        link.resend()
+        assert link.stalled.is_set() and [m[1] for m in link.unacked.values()] == [b"one", b"two"]
+
+    trio.run(test)
