@@ -154,12 +154,17 @@ def _loss(objective: Objective, logprobs, proximal, behaviour, advantages, mask)
 
 
 def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objective, state: TrainerState, *,
-                         temperature: float, reference=None, generator: torch.Generator | None = None) -> dict:
+                         temperature: float, reference=None, generator: torch.Generator | None = None,
+                         version: int | None = None) -> dict:
     """One update of ``model`` on ``batch``: ``objective.minibatches`` optimizer steps over shuffled rows.
 
     The proximal policy pi_prox is the model as it is before the first step. With one minibatch its
     log-probs are the current ones, detached (the same numbers a second forward pass would give); with
     more, they are computed once, up front, for every row.
+
+    ``logprob_gap`` is the mean |log pi_prox - log mu| of the action tokens: staleness and the generation
+    engine's numerics together. Given the model's ``version``, ``logprob_gap_same_version`` is the same over
+    the tokens that version sampled: what is left is the engine's mismatch with the learner alone.
     """
     advantages, stats = advantages_of(objective, state, batch)
     seat_returns = {f"return_seat{s}": batch.returns[batch.seats == s].mean().item() for s in batch.seats.unique().tolist()}
@@ -170,7 +175,7 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     order = torch.randperm(batch.input_ids.shape[0], generator=generator)
     model.train()
     step_stats: list[dict] = []
-    gaps, tokens = [], 0
+    gaps, tokens, same_gaps, same_tokens = [], 0, [], 0
     for index in torch.chunk(order, objective.minibatches):
         mb = batch.rows(index)
         logits = action_logits(model, mb)
@@ -194,9 +199,16 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
         s["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), objective.max_grad_norm))
         optimizer.step()
         step_stats.append(s)
-        gaps.append(((proximal - behaviour).abs() * mask).sum())
+        gap = (proximal - behaviour).abs() * mask
+        gaps.append(gap.sum())
         tokens += int(mask.sum())
+        if version is not None:
+            same = mb.versions[:, 1:] == version
+            same_gaps.append((gap * same).sum())
+            same_tokens += int((mask & same).sum())
     model.eval()
     merged = {key: sum(s[key] for s in step_stats) / len(step_stats) for key in step_stats[0]}
+    if same_tokens:
+        merged["logprob_gap_same_version"] = float(sum(same_gaps) / same_tokens)
     return {**stats, **merged, **seat_returns, "logprob_gap": float(sum(gaps) / max(tokens, 1)),
             "tokens": tokens, "rows": int(batch.input_ids.shape[0])}
