@@ -75,10 +75,20 @@ class AsyncioThread:
         return future.result()
 
     def close(self) -> None:
+        """Cancel what still runs on the loop (the engine's output handler), then stop it."""
+        with contextlib.suppress(Exception):
+            self.call(_cancel_all())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def _cancel_all() -> None:
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @contextlib.contextmanager
@@ -217,6 +227,7 @@ class VllmSampler:
     def close(self) -> None:
         try:
             self._engine.shutdown()
+            self._engine = None  # collected now, not at interpreter exit (where its __del__ fails)
         finally:
             self._thread.close()
             shutil.rmtree(self._weights_dir, ignore_errors=True)
