@@ -123,8 +123,11 @@ class VllmSampler:
         self._engine = self._thread.call(self._start(model_path, threads, max_seqs, seed))
 
     async def _start(self, model_path: str, threads: int, max_seqs: int, seed: int):
-        env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads),
-               "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+        # One process for the scheduler and the model (the "uni" executor): each process vLLM spawns imports it
+        # anew, which costs tens of seconds of a start on a small machine. OpenMP threads are not pinned to cores
+        # that other actors share.
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+               "OMP_NUM_THREADS": str(threads), "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
         with _environment(env):
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
@@ -133,7 +136,7 @@ class VllmSampler:
             return AsyncLLM.from_engine_args(AsyncEngineArgs(
                 model=model_path, dtype=o.dtype, seed=seed, max_model_len=o.max_model_len,
                 max_num_seqs=max_seqs, kv_cache_memory_bytes=o.kv_cache_gib * 2**30, enforce_eager=o.enforce_eager,
-                logprobs_mode="processed_logprobs", disable_log_stats=True))
+                logprobs_mode="processed_logprobs", disable_log_stats=True, distributed_executor_backend="uni"))
 
     async def sample(self, prompt: list[int], *, temperature: float, max_tokens: int) -> Sample:
         """A continuation of ``prompt``, resumed from its prefix whenever new weights interrupt it."""
