@@ -15,7 +15,7 @@ import torch
 from algos.advantages import discounted_returns, grpo_advantages, rae_advantages, rebn_advantages
 from algos.losses import (decoupled_ppo_loss, entropy_bonus, kl_penalty, ppo_clip_loss, reinforce_loss,
                           token_logprobs, truncated_is_loss)
-from streams.schema import Columns
+from streams.schema import Columns, trajectory_table
 
 LOSSES = ("decoupled_ppo", "ppo", "truncated_is", "reinforce")
 ADVANTAGES = ("rae", "grpo", "grpo_mean", "rebn")
@@ -116,6 +116,29 @@ def collate(table: pa.Table, pad_id: int) -> TokenBatch:
         role_keys=list(zip(table.column(Columns.ENV_NAME).to_pylist(), table.column(Columns.MATCHUP).to_pylist(),
                            seats)),
     )
+
+
+def single_turn_batch(prompts: list[list[int]], completions: list, returns: list[float] | None = None,
+                      pad_id: int = 0) -> TokenBatch:
+    """One-turn episodes, one per ``(prompt, completion)`` (a ``Completion``: tokens, log-probs, versions), as
+    the learner collates them: for measuring a generation engine against the learner, and for tests."""
+    returns = returns or [0.0] * len(prompts)
+    rows = [{Columns.EPISODE_ID: f"e{i}", Columns.ENV_NAME: "single_turn", Columns.SEED: 0, Columns.TURN: 0,
+             Columns.AGENT: 0, Columns.MATCHUP: "main", Columns.POLICY_ID: "main", Columns.PROMPT_IDS: prompt,
+             Columns.ACTION_IDS: c.token_ids, Columns.ACTION_TEXT: "", Columns.BEHAVIOUR_LOGPROBS: c.logprobs,
+             Columns.POLICY_VERSIONS: c.versions, Columns.REWARD: ret, Columns.TERMINATED: True,
+             Columns.TRUNCATED: False, Columns.EPISODE_RETURN: ret, Columns.INVALID_ACTION: False,
+             Columns.CREATED_AT: 0.0, Columns.GENERATED_AT: 0.0, Columns.SCORED_AT: 0.0}
+            for i, (prompt, c, ret) in enumerate(zip(prompts, completions, returns))]
+    return collate(trajectory_table(rows), pad_id)
+
+
+def behaviour_gap(model, batch: TokenBatch, temperature: float) -> float:
+    """Mean |log pi - log mu| over the action tokens: the model's log-probs against the behaviour ones."""
+    with torch.no_grad():
+        logprobs = action_logprobs(model, batch, temperature)
+    mask = batch.action_mask[:, 1:]
+    return float((logprobs - batch.behaviour_logprobs[:, 1:]).abs()[mask].mean())
 
 
 def action_logits(model, batch: TokenBatch) -> torch.Tensor:

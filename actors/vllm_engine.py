@@ -74,10 +74,13 @@ class AsyncioThread:
             raise
         return future.result()
 
-    def close(self) -> None:
-        """Cancel what still runs on the loop (the engine's output handler), then stop it."""
+    def cancel_all(self) -> None:
+        """Cancel every task still running on the loop."""
         with contextlib.suppress(Exception):
             self.call(_cancel_all())
+
+    def close(self) -> None:
+        self.cancel_all()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         if not self._thread.is_alive():
@@ -229,6 +232,7 @@ class VllmSampler:
 
     def close(self) -> None:
         try:
+            self._thread.cancel_all()  # the engine's output handler first: it would log the engine's end as a crash
             self._engine.shutdown()
             self._engine = None  # collected now, not at interpreter exit (where its __del__ fails)
         finally:

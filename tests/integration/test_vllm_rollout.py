@@ -17,11 +17,11 @@ pytest.importorskip("vllm", reason="the vllm extra is not installed (README, 'Ge
 from actors.endpoints import Inbox, Outbox  # noqa: E402
 from actors.host import _LoopThread  # noqa: E402
 from actors.rollout import RolloutActor, RolloutConfig  # noqa: E402
-from actors.training import Objective, TrainerState, action_logprobs, collate, policy_gradient_step  # noqa: E402
+from actors.training import (Objective, TrainerState, action_logprobs, behaviour_gap,  # noqa: E402
+                             policy_gradient_step, single_turn_batch)
 from actors.weights import WeightsPublisher, weights_to_bytes  # noqa: E402
 from streams.channels import ZmqTransport  # noqa: E402
 from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest  # noqa: E402
-from streams.schema import Columns, trajectory_table  # noqa: E402
 from streams.wire import Kind  # noqa: E402
 
 # Behaviour (vLLM) and learner log-probs of the same tokens under the same weights, mean absolute difference.
@@ -108,25 +108,6 @@ def boards(tokenizer, n: int) -> list[list[int]]:
     return [tokenizer(t)["input_ids"] for t in texts]
 
 
-def as_batch(prompts, completions, pad_id):
-    rows = [{Columns.EPISODE_ID: f"e{i}", Columns.ENV_NAME: "tictactoe", Columns.SEED: 0, Columns.TURN: 0,
-             Columns.AGENT: i % 2, Columns.MATCHUP: "main,main", Columns.POLICY_ID: "main", Columns.PROMPT_IDS: p,
-             Columns.ACTION_IDS: c.token_ids, Columns.ACTION_TEXT: "", Columns.BEHAVIOUR_LOGPROBS: c.logprobs,
-             Columns.POLICY_VERSIONS: c.versions, Columns.REWARD: float(i % 3 - 1), Columns.TERMINATED: True,
-             Columns.TRUNCATED: False, Columns.EPISODE_RETURN: float(i % 3 - 1), Columns.INVALID_ACTION: False,
-             Columns.CREATED_AT: 0.0, Columns.GENERATED_AT: 0.0, Columns.SCORED_AT: 0.0}
-            for i, (p, c) in enumerate(zip(prompts, completions))]
-    return collate(trajectory_table(rows), pad_id)
-
-
-def learner_gap(model, batch, temperature: float) -> float:
-    """The learner's recomputed log-probs of the sampled tokens against the behaviour log-probs: mean |diff|."""
-    with torch.no_grad():
-        logprobs = action_logprobs(model, batch, temperature)
-    mask = batch.action_mask[:, 1:]
-    return float((logprobs - batch.behaviour_logprobs[:, 1:]).abs()[mask].mean())
-
-
 def test_vllm_log_probs_agree_with_the_learners_before_and_after_an_update(rig, tokenizer, tiny_model_dir):
     learner = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     loads = rig.rollout.statistics()["vllm"]["weight_loads"]
@@ -135,19 +116,19 @@ def test_vllm_log_probs_agree_with_the_learners_before_and_after_an_update(rig, 
 
     before = rig.run(rig.generate, prompts)
     assert all(set(c.versions) == {0} and len(c.logprobs) == len(c.token_ids) >= 1 for c in before)
-    batch = as_batch(prompts, before, tokenizer.pad_token_id)
+    batch = single_turn_batch(prompts, before, [float(i % 3 - 1) for i in range(32)], tokenizer.pad_token_id)
     # the learner's per-batch metric, from its own update step (which also makes version 1)
     stats = policy_gradient_step(learner, optimizer, batch, Objective(minibatches=1), TrainerState(),
                                  temperature=1.0, version=0)
     assert stats["logprob_gap_same_version"] <= TOLERANCE
-    moved = learner_gap(learner, batch, 1.0)  # the update changed the policy far more than the tolerance
+    moved = behaviour_gap(learner, batch, 1.0)  # the update changed the policy far more than the tolerance
     assert moved > 20 * TOLERANCE
 
     rig.run(rig.publish, 1, learner)
     after = rig.run(rig.generate, prompts, temperature=0.7)
     assert all(set(c.versions) == {1} for c in after)
-    after_batch = as_batch(prompts, after, tokenizer.pad_token_id)
-    gap_after = learner_gap(learner, after_batch, 0.7)
+    after_batch = single_turn_batch(prompts, after, pad_id=tokenizer.pad_token_id)
+    gap_after = behaviour_gap(learner, after_batch, 0.7)
     print(f"logprob_gap before update={stats['logprob_gap_same_version']:.2e} after={gap_after:.2e} "
           f"(update moved log-probs by {moved:.3f})")
     assert gap_after <= TOLERANCE
@@ -189,7 +170,7 @@ def test_requests_in_flight_resume_from_their_prefix_with_new_weights(rig, token
     assert rig.rollout.statistics()["vllm"]["resumed"] - resumed_before >= len(switched)
     for c in completions:
         assert c.versions == sorted(c.versions) and len(c.versions) == len(c.token_ids) == len(c.logprobs)
-    batch = as_batch(prompts, completions, tokenizer.pad_token_id)
+    batch = single_turn_batch(prompts, completions, pad_id=tokenizer.pad_token_id)
     with torch.no_grad():
         by_old, by_new = action_logprobs(old, batch, 2.0), action_logprobs(new, batch, 2.0)
     versions, mask = batch.versions[:, 1:], batch.action_mask[:, 1:]
