@@ -139,7 +139,8 @@ class VllmSampler:
             return AsyncLLM.from_engine_args(AsyncEngineArgs(
                 model=model_path, dtype=o.dtype, seed=seed, max_model_len=o.max_model_len,
                 max_num_seqs=max_seqs, kv_cache_memory_bytes=o.kv_cache_gib * 2**30, enforce_eager=o.enforce_eager,
-                logprobs_mode="processed_logprobs", disable_log_stats=True, distributed_executor_backend="uni"))
+                logprobs_mode="processed_logprobs", disable_log_stats=True, distributed_executor_backend="uni",
+                use_tqdm_on_load=False))
 
     async def sample(self, prompt: list[int], *, temperature: float, max_tokens: int) -> Sample:
         """A continuation of ``prompt``, resumed from its prefix whenever new weights interrupt it."""
