@@ -117,7 +117,8 @@ def build_topology(cluster, cfg: dict, model_path: str | Path, run_dir: Path) ->
     for i in range(cfg["rollout"]["count"]):
         top.rollouts.append(f"rollout-{i}")
         rollout = cluster.spawn(top.rollouts[-1], RolloutActor, RolloutConfig(
-            model_path=model_path, seed=cfg["run"]["seed"] + i, **cfg["rollout"]["args"]),
+            model_path=model_path, backend=cfg["rollout"]["backend"], seed=cfg["run"]["seed"] + i,
+            **cfg["rollout"]["args"]),
             peers={"weights": [learner["weights"]]})
         rollout_addresses.append(rollout["requests"])
     envs = cfg["env"]["count"]

@@ -171,7 +171,8 @@ class LearnerActor:
         started = time.perf_counter()
         batch = collate(table, tokenizer.pad_token_id)
         stats = policy_gradient_step(model, optimizer, batch, self.cfg.objective, self.state,
-                                     temperature=self.cfg.temperature, reference=self.reference)
+                                     temperature=self.cfg.temperature, reference=self.reference,
+                                     version=self.version)
         token_versions = batch.versions[batch.action_mask]
         staleness = self.version - token_versions
         histogram = Counter(staleness.tolist())

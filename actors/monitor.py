@@ -126,7 +126,7 @@ class MetricsLog:
             row["invalid_rate"] = (totals["invalid_actions"] - before["invalid_actions"]) / turns if turns else None
         row["train_return"] = self._train_return(now, totals)
         for key in ("staleness_mean", "staleness_max", "staleness_hist", "pg_loss", "clip_fraction", "approx_kl",
-                    "logprob_gap", "is_weight_mean", "is_outside_share", "entropy", "return_seat0", "return_seat1",
+                    "logprob_gap", "logprob_gap_same_version", "is_weight_mean", "is_outside_share", "entropy", "return_seat0", "return_seat1",
                     "kl_ref"):
             if key in learner.get("last", {}):
                 row[key] = learner["last"][key]

@@ -1,11 +1,17 @@
 """RolloutActor: owns a generation engine and a policy version; answers generation requests.
 
-Requests from every env actor queue up; the actor takes as many as are waiting (up to ``max_batch``),
-samples them in one batch in a worker thread, and sends each completion to the address named in its
-request. New weights arrive on a subscription and are applied as soon as they arrive: between batches,
-or in the middle of one (interruptible generation, see ``actors/sampling.py``); every token carries the
-version that produced it. A batch waits until the actor holds weights at least as new as every request's
-``min_version``, so no token is older than the learner version its env actor acted on.
+Two engines (``backend``), one interface and one output: tokens, the behaviour log-prob and the policy
+version of every token, each completion sent to the address named in its request.
+
+- ``hf``: requests from every env actor queue up; the actor takes as many as are waiting (up to
+  ``max_batch``) and samples them in one batch in a worker thread (``actors/sampling.py``). New weights are
+  applied between batches, or in the middle of one (interruptible generation).
+- ``vllm``: every request is a trio task on vLLM's async engine (``actors/vllm_engine.py``), which batches
+  them continuously, up to ``max_batch`` at once. New weights are loaded into the running engine as soon as
+  they arrive; requests in flight resume from their prefix with them.
+
+Either way a request waits until the actor holds weights at least as new as its ``min_version``, so no
+token is older than the learner version its env actor acted on.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import logging
 import threading
 import time
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import trio
@@ -22,6 +28,7 @@ import trio
 from actors.base_model import load_policy
 from actors.endpoints import Inbox, Outbox
 from actors.sampling import sample
+from actors.vllm_engine import VllmOptions
 from actors.weights import FetchedWeights, WeightsFollower, load_weights
 from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest, WeightsManifest
 from streams.wire import Kind
@@ -33,18 +40,26 @@ log = logging.getLogger(__name__)
 class RolloutConfig:
     model_path: str
     policy_id: str = "main"
-    backend: str = "hf"
+    backend: str = "hf"  # hf | vllm
     max_batch: int = 256
     threads: int = 1
-    interruptible: bool = True  # apply new weights between decoding steps, not only between batches
+    interruptible: bool = True  # hf: apply new weights between decoding steps, not only between batches
+    vllm: VllmOptions = field(default_factory=VllmOptions)  # a dict is accepted
     seed: int = 0
     address: str | None = None  # where to take requests (a restarted actor takes its predecessor's address)
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown rollout backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if isinstance(self.vllm, dict):
+            self.vllm = VllmOptions(**self.vllm)
+
+
+BACKENDS = ("hf", "vllm")
 
 
 class RolloutActor:
     def __init__(self, cfg: RolloutConfig, name: str = "rollout"):
-        if cfg.backend != "hf":
-            raise ValueError(f"rollout backend {cfg.backend!r} is not available; this build has 'hf'")
         self.cfg, self.name = cfg, name
         self.version = 0
         self._latest_weights: FetchedWeights | None = None  # set on the trio loop, taken by the sampling thread
@@ -56,27 +71,48 @@ class RolloutActor:
         self._follower = None
         self._streams: dict = {}
         self._inbox = None
+        self._sampler = None
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        model, tokenizer = await trio.to_thread.run_sync(self._load)
+        engine = await trio.to_thread.run_sync(self._load)  # hf: (model, tokenizer); vllm: a VllmSampler
+        self._sampler = engine if self.cfg.backend == "vllm" else None
         queue_in, queue_out = trio.open_memory_channel(4 * self.cfg.max_batch)
-        self._queue, self._weights_arrived = queue_out, trio.Event()
+        completions_in, completions_out = trio.open_memory_channel(self.cfg.max_batch)
+        self._queue, self._weights_arrived, self._version_changed = queue_out, trio.Event(), trio.Event()
         topic = WEIGHTS_TOPIC + self.cfg.policy_id.encode()
-        async with (
-            transport.open_receiver(capacity=1024, address=self.cfg.address) as requests,
-            transport.open_subscriber(peers.get("weights", []), topics=[topic]) as weights,
-            trio.open_nursery() as nursery,
-        ):
-            self._inbox = Inbox(requests, Kind.GENERATE, GenerationRequest.from_body)
-            manifests = Inbox(weights, Kind.WEIGHTS, WeightsManifest.from_body, topic=True)
-            self._follower = WeightsFollower(transport)
-            self._streams = {"requests": self._inbox, "weights": manifests}
-            nursery.start_soon(self._queue_requests, queue_in)
-            nursery.start_soon(self._follow_weights, manifests)
-            nursery.start_soon(self._serve, queue_out, model, tokenizer, transport)
-            task_status.started({"requests": requests.address})
+        try:
+            async with (
+                transport.open_receiver(capacity=1024, address=self.cfg.address) as requests,
+                transport.open_subscriber(peers.get("weights", []), topics=[topic]) as weights,
+                trio.open_nursery() as nursery,
+            ):
+                self._inbox = Inbox(requests, Kind.GENERATE, GenerationRequest.from_body)
+                manifests = Inbox(weights, Kind.WEIGHTS, WeightsManifest.from_body, topic=True)
+                self._follower = WeightsFollower(transport)
+                self._streams = {"requests": self._inbox, "weights": manifests}
+                nursery.start_soon(self._queue_requests, queue_in)
+                nursery.start_soon(self._follow_weights, manifests)
+                nursery.start_soon(self._send_completions, completions_out, transport)
+                if self.cfg.backend == "vllm":
+                    nursery.start_soon(self._apply_weights, engine)
+                    nursery.start_soon(self._serve_streams, queue_out, engine, completions_in)
+                else:
+                    nursery.start_soon(self._serve_batches, queue_out, *engine, completions_in)
+                task_status.started({"requests": requests.address})
+        finally:
+            if self.cfg.backend == "vllm":
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(engine.close)
 
     def _load(self):
+        if self.cfg.backend == "vllm":
+            from transformers import AutoTokenizer
+
+            from actors.vllm_engine import VllmSampler
+
+            eos_id = AutoTokenizer.from_pretrained(self.cfg.model_path).eos_token_id
+            return VllmSampler(self.cfg.model_path, eos_id, options=self.cfg.vllm, threads=self.cfg.threads,
+                               max_seqs=self.cfg.max_batch, seed=self.cfg.seed, name=self.name)
         torch.set_num_threads(self.cfg.threads)
         return load_policy(self.cfg.model_path)
 
@@ -124,12 +160,17 @@ class RolloutActor:
                                 self.version)
             await trio.to_thread.run_sync(self._take_weights, model)
 
-    async def _serve(self, queue_out, model, tokenizer, transport) -> None:
+    async def _send_completions(self, completions, transport) -> None:
         async with AsyncExitStack() as stack:
-            await self._serve_batches(queue_out, model, tokenizer, transport, stack)
+            replies: dict[str, Outbox] = {}  # one sender per env actor, opened on its first request
+            async for completion, request in completions:
+                if request.reply_to not in replies:
+                    sender = await stack.enter_async_context(transport.open_sender([request.reply_to], capacity=1024))
+                    replies[request.reply_to] = Outbox(sender, Kind.COMPLETION, self.name)
+                await replies[request.reply_to].send(completion.to_body())
 
-    async def _serve_batches(self, queue_out, model, tokenizer, transport, stack: AsyncExitStack) -> None:
-        replies: dict[str, Outbox] = {}  # one sender per env actor, opened on its first request
+    async def _serve_batches(self, queue_out, model, tokenizer, completions) -> None:
+        """hf: sample what is waiting in one batch, after catching up with the batch's newest min_version."""
         generator = torch.Generator().manual_seed(self.cfg.seed)
         while True:
             idle_from = time.perf_counter()
@@ -141,11 +182,57 @@ class RolloutActor:
                 except trio.WouldBlock:
                     break
             await self._catch_up(model, max(request.min_version for request in batch))
-            for completion, request in await self._generate(model, tokenizer, batch, generator):
-                if request.reply_to not in replies:
-                    sender = await stack.enter_async_context(transport.open_sender([request.reply_to], capacity=1024))
-                    replies[request.reply_to] = Outbox(sender, Kind.COMPLETION, self.name)
-                await replies[request.reply_to].send(completion.to_body())
+            for answer in await self._generate(model, tokenizer, batch, generator):
+                await completions.send(answer)
+
+    async def _serve_streams(self, queue_out, sampler, completions) -> None:
+        """vllm: every request a task of its own, up to ``max_batch`` in flight; the engine batches them."""
+        slots = trio.Semaphore(self.cfg.max_batch)
+        async with trio.open_nursery() as nursery:
+            while True:
+                idle_from = time.perf_counter()
+                request = await queue_out.receive()
+                if slots.value == self.cfg.max_batch:  # nothing was in flight while it waited
+                    self._stats["idle_s"] += time.perf_counter() - idle_from
+                await slots.acquire()
+                nursery.start_soon(self._answer, request, sampler, completions, slots)
+
+    async def _answer(self, request: GenerationRequest, sampler, completions, slots: trio.Semaphore) -> None:
+        try:
+            await self._wait_for_version(request.min_version)
+            s = await sampler.sample(request.prompt_ids, temperature=request.temperature, max_tokens=request.max_tokens)
+            self._stats["requests"] += 1
+            self._stats["tokens"] += len(s.tokens)
+            await completions.send((Completion(request.request_id, s.tokens, s.logprobs, s.versions, s.finished),
+                                    request))
+        finally:
+            slots.release()
+
+    async def _apply_weights(self, sampler) -> None:
+        """vllm: load each version into the running engine as soon as it arrives."""
+        while True:
+            arrived = self._weights_arrived
+            with self._weights_lock:
+                weights, self._latest_weights = self._latest_weights, None
+            if weights is None or weights.version <= self.version:
+                await arrived.wait()
+                continue
+            await sampler.load(weights.version, weights.tensors)
+            self.version = sampler.version
+            self._stats["weights_applied"] += 1
+            changed, self._version_changed = self._version_changed, trio.Event()
+            changed.set()
+
+    async def _wait_for_version(self, needed: int) -> None:
+        if self.version < needed:
+            self._stats["version_waits"] += 1
+        while self.version < needed:
+            changed = self._version_changed
+            with trio.move_on_after(30) as waited:
+                await changed.wait()
+            if waited.cancelled_caught:
+                log.warning("%s: still waiting for weights of version %d (holding %d)", self.name, needed,
+                            self.version)
 
     async def _generate(self, model, tokenizer, batch: list[GenerationRequest], generator):
         """Sample every request of the batch; requests with the same sampling settings share one pass."""
@@ -176,8 +263,9 @@ class RolloutActor:
     def statistics(self) -> dict:
         inbox = self._inbox.statistics() if self._inbox else {}
         wall = time.perf_counter() - self._started_at
-        return {**self._stats, "version": self.version, "dropped_frames": inbox.get("dropped_frames", 0),
+        return {**self._stats, "version": self.version, "backend": self.cfg.backend, "dropped_frames": inbox.get("dropped_frames", 0),
                 "idle_fraction": min(self._stats["idle_s"] / wall, 1.0) if wall > 0 else 0.0,
                 "queued_requests": self._queue.statistics().current_buffer_used if self._queue else 0,
                 "weights": self._follower.stats if self._follower else {},
+                "vllm": dict(self._sampler.stats) if self._sampler else {},
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}

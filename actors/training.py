@@ -15,7 +15,7 @@ import torch
 from algos.advantages import discounted_returns, grpo_advantages, rae_advantages, rebn_advantages
 from algos.losses import (decoupled_ppo_loss, entropy_bonus, kl_penalty, ppo_clip_loss, reinforce_loss,
                           token_logprobs, truncated_is_loss)
-from streams.schema import Columns
+from streams.schema import Columns, trajectory_table
 
 LOSSES = ("decoupled_ppo", "ppo", "truncated_is", "reinforce")
 ADVANTAGES = ("rae", "grpo", "grpo_mean", "rebn")
@@ -118,6 +118,29 @@ def collate(table: pa.Table, pad_id: int) -> TokenBatch:
     )
 
 
+def single_turn_batch(prompts: list[list[int]], completions: list, returns: list[float] | None = None,
+                      pad_id: int = 0) -> TokenBatch:
+    """One-turn episodes, one per ``(prompt, completion)`` (a ``Completion``: tokens, log-probs, versions), as
+    the learner collates them: for measuring a generation engine against the learner, and for tests."""
+    returns = returns or [0.0] * len(prompts)
+    rows = [{Columns.EPISODE_ID: f"e{i}", Columns.ENV_NAME: "single_turn", Columns.SEED: 0, Columns.TURN: 0,
+             Columns.AGENT: 0, Columns.MATCHUP: "main", Columns.POLICY_ID: "main", Columns.PROMPT_IDS: prompt,
+             Columns.ACTION_IDS: c.token_ids, Columns.ACTION_TEXT: "", Columns.BEHAVIOUR_LOGPROBS: c.logprobs,
+             Columns.POLICY_VERSIONS: c.versions, Columns.REWARD: ret, Columns.TERMINATED: True,
+             Columns.TRUNCATED: False, Columns.EPISODE_RETURN: ret, Columns.INVALID_ACTION: False,
+             Columns.CREATED_AT: 0.0, Columns.GENERATED_AT: 0.0, Columns.SCORED_AT: 0.0}
+            for i, (prompt, c, ret) in enumerate(zip(prompts, completions, returns))]
+    return collate(trajectory_table(rows), pad_id)
+
+
+def behaviour_gap(model, batch: TokenBatch, temperature: float) -> float:
+    """Mean |log pi - log mu| over the action tokens: the model's log-probs against the behaviour ones."""
+    with torch.no_grad():
+        logprobs = action_logprobs(model, batch, temperature)
+    mask = batch.action_mask[:, 1:]
+    return float((logprobs - batch.behaviour_logprobs[:, 1:]).abs()[mask].mean())
+
+
 def action_logits(model, batch: TokenBatch) -> torch.Tensor:
     """[N, T-1, V]: position t predicts token t+1."""
     return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
@@ -154,12 +177,17 @@ def _loss(objective: Objective, logprobs, proximal, behaviour, advantages, mask)
 
 
 def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objective, state: TrainerState, *,
-                         temperature: float, reference=None, generator: torch.Generator | None = None) -> dict:
+                         temperature: float, reference=None, generator: torch.Generator | None = None,
+                         version: int | None = None) -> dict:
     """One update of ``model`` on ``batch``: ``objective.minibatches`` optimizer steps over shuffled rows.
 
     The proximal policy pi_prox is the model as it is before the first step. With one minibatch its
     log-probs are the current ones, detached (the same numbers a second forward pass would give); with
     more, they are computed once, up front, for every row.
+
+    ``logprob_gap`` is the mean |log pi_prox - log mu| of the action tokens: staleness and the generation
+    engine's numerics together. Given the model's ``version``, ``logprob_gap_same_version`` is the same over
+    the tokens that version sampled: what is left is the engine's mismatch with the learner alone.
     """
     advantages, stats = advantages_of(objective, state, batch)
     seat_returns = {f"return_seat{s}": batch.returns[batch.seats == s].mean().item() for s in batch.seats.unique().tolist()}
@@ -170,7 +198,7 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     order = torch.randperm(batch.input_ids.shape[0], generator=generator)
     model.train()
     step_stats: list[dict] = []
-    gaps, tokens = [], 0
+    gaps, tokens, same_gaps, same_tokens = [], 0, [], 0
     for index in torch.chunk(order, objective.minibatches):
         mb = batch.rows(index)
         logits = action_logits(model, mb)
@@ -194,9 +222,16 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
         s["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), objective.max_grad_norm))
         optimizer.step()
         step_stats.append(s)
-        gaps.append(((proximal - behaviour).abs() * mask).sum())
+        gap = (proximal - behaviour).abs() * mask
+        gaps.append(gap.sum())
         tokens += int(mask.sum())
+        if version is not None:
+            same = mb.versions[:, 1:] == version
+            same_gaps.append((gap * same).sum())
+            same_tokens += int((mask & same).sum())
     model.eval()
     merged = {key: sum(s[key] for s in step_stats) / len(step_stats) for key in step_stats[0]}
+    if same_tokens:
+        merged["logprob_gap_same_version"] = float(sum(same_gaps) / same_tokens)
     return {**stats, **merged, **seat_returns, "logprob_gap": float(sum(gaps) / max(tokens, 1)),
             "tokens": tokens, "rows": int(batch.input_ids.shape[0])}

@@ -11,13 +11,24 @@ from actors.cli import main
 pytestmark = pytest.mark.ray
 
 
-def test_tidal_launch_end_to_end(tiny_model_dir, tmp_path):
+def vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.skipif(
+    not vllm_installed(), reason="the vllm extra is not installed (README, 'Generation backends')"))])
+def test_tidal_launch_end_to_end(backend, tiny_model_dir, tmp_path):
     args = [f"model.path={tiny_model_dir}", f"run.dir={tmp_path}", "run.name=smoke", "run.minutes=0.5",
             "run.max_versions=3", "run.log_every_s=1", "replay.args.batch_episodes=8",
             "replay.args.capacity_episodes=16", "env.args.concurrency=8", "eval.games_per_seat=4",
-            "eval.endpoint_games_per_seat=4", "eval.every_s=5", "sampling.max_new_tokens=4", "ray.num_cpus=2"]
+            "eval.endpoint_games_per_seat=4", "eval.every_s=5", "sampling.max_new_tokens=4", "ray.num_cpus=2",
+            f"rollout.backend={backend}"]
+    if backend == "vllm":  # synchronous: every trained token comes from the learner's weights of the moment
+        args.append("learner.max_staleness=0")
     done = subprocess.run([sys.executable, "-m", "actors.cli", "launch", *args], capture_output=True, text=True,
-                          timeout=400)
+                          timeout=560)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "non-loss vs random: start" in done.stdout
     run = tmp_path / "smoke"
@@ -34,6 +45,11 @@ def test_tidal_launch_end_to_end(tiny_model_dir, tmp_path):
     assert 0 < trained[-1]["learner_busy"] <= 1 and sum(summary["staleness_hist"].values()) > 0
     assert (run / "learning_curve.png").stat().st_size > 0
     assert (run / "policy" / "config.json").exists()  # the trained policy, loadable with from_pretrained
+    # the learner's per-batch check of the engine: its log-probs of the tokens its current weights sampled
+    same = [r["logprob_gap_same_version"] for r in trained if "logprob_gap_same_version" in r]
+    assert all(gap <= 4e-4 for gap in same), same
+    if backend == "vllm":  # with eta 0 every batch has them
+        assert len(same) == len(trained)
 
 
 def test_a_bad_override_fails_with_a_clear_message(capsys):

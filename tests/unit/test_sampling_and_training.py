@@ -107,6 +107,24 @@ def test_a_step_moves_probability_towards_positive_advantage(model_and_tokenizer
     assert torch.allclose(again[mask], batch.behaviour_logprobs[:, 1:][mask], atol=1e-4)
 
 
+def test_the_same_version_gap_leaves_out_tokens_of_older_versions(model_and_tokenizer, tiny_model_dir):
+    """logprob_gap mixes staleness with engine mismatch; logprob_gap_same_version holds the mismatch alone."""
+    _, tok = model_and_tokenizer
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    p0, p1 = prompts(tok)[:2]
+    fresh, stale = sample(model, [p0, p1], eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=4,
+                          generator=torch.Generator().manual_seed(3))
+    stale.logprobs = [lp - 0.5 for lp in stale.logprobs]  # as if an older policy had sampled it
+    rows = [row(p0, fresh, version=7, ret=1.0), row(p1, stale, version=6, ret=-1.0, episode="e1")]
+    batch = collate(trajectory_table(rows), tok.pad_token_id)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    stats = policy_gradient_step(model, optimizer, batch, Objective(minibatches=2), TrainerState(), temperature=1.0,
+                                 version=7)
+    n_fresh, n_stale = len(fresh.tokens), len(stale.tokens)
+    assert stats["logprob_gap_same_version"] < 1e-4
+    assert stats["logprob_gap"] == pytest.approx(0.5 * n_stale / (n_fresh + n_stale), abs=1e-4)
+
+
 def test_weights_of_another_model_are_refused(model_and_tokenizer):
     model, _ = model_and_tokenizer
     from safetensors.torch import save
