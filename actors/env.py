@@ -26,6 +26,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import trio
 
@@ -39,6 +40,7 @@ from streams.wire import Kind
 
 log = logging.getLogger(__name__)
 POLICY = "policy"
+FIXED_MOVES_PER_CHECKPOINT = 8  # moves of fixed players (no await of their own) between yields
 
 
 @dataclass
@@ -70,6 +72,7 @@ class EnvActor:
         self._rng = random.Random(cfg.seed)
         self._waiting: dict[int, tuple[trio.Event, list, bytes]] = {}  # request id -> (done, completion, request)
         self._evaluations: dict[str, EvaluationTally] = {}
+        self._fixed_moves = 0  # moves played by fixed players, for FIXED_MOVES_PER_CHECKPOINT
         self._stats = {"episodes": 0, "steps": 0, "turns": 0, "invalid_actions": 0, "forfeits": 0, "errored": 0,
                        "truncated_actions": 0, "truncated_prompts": 0, "admission_waits": 0,
                        "train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
@@ -123,7 +126,8 @@ class EnvActor:
         tally = self._evaluations[tag] = EvaluationTally(tag, opponent, games_per_seat)
         seats = range(len(self._return_sums))
         matches = ((seat, self._seats(opponent, seat, player)) for _ in range(games_per_seat) for seat in seats)
-        self._nursery.start_soon(self._evaluate, tally, matches)
+        workers = min(self.cfg.concurrency, games_per_seat * len(seats))
+        self._nursery.start_soon(self._evaluate, tally, matches, workers)
 
     def reissue(self) -> int:
         """Send again every generation request still unanswered (a rollout actor died with some of them;
@@ -203,21 +207,19 @@ class EnvActor:
         finally:
             slots.release()
 
-    async def _evaluate(self, tally: EvaluationTally, matches) -> None:
-        slots = trio.Semaphore(self.cfg.concurrency)  # a game starts when one ends: few tasks at any time
+    async def _evaluate(self, tally: EvaluationTally, matches: Iterator[tuple[int, list[str]]], workers: int) -> None:
+        """``workers`` long-lived tasks share ``matches``: each plays the next one as soon as its game ends, so
+        every match is played exactly once, at most ``workers`` at a time, with no task started per game."""
 
-        async def one(seat, seats):
-            try:
+        async def worker():
+            for seat, seats in matches:  # next() never awaits: no two workers take the same match
                 played = await self._play(seats, self._rng.randrange(2**31))
                 if played is not None:  # an errored game is counted in statistics()["errored"], not as a result
                     tally.add(seat, played[1], played[0])
-            finally:
-                slots.release()
 
         async with trio.open_nursery() as nursery:
-            for seat, seats in matches:
-                await slots.acquire()
-                nursery.start_soon(one, seat, seats)
+            for _ in range(workers):
+                nursery.start_soon(worker)
         tally.finish()
 
     def _make_game(self):
@@ -249,44 +251,56 @@ class EnvActor:
         # a finished game is reset and reused (making one can cost more than playing it); a raising one is not
         game = self._idle_games.pop() if self._idle_games else self._make_game()
         game.reset(seed)
-        opponents = {s: make_opponent(name, seed=seed + s) for s, name in enumerate(seats) if name != POLICY}
-        episode = {  # what every row of this episode shares
-            Columns.EPISODE_ID: episode_id, Columns.ENV_NAME: self.cfg.env_name,
-            Columns.SEED: seed, Columns.POLICY_ID: self.cfg.policy_id, Columns.CREATED_AT: time.time(),
-            Columns.MATCHUP: ",".join(self.cfg.policy_id if name == POLICY else name for name in seats),
-        }
+        fixed = [None if name == POLICY else make_opponent(name, seed=seed + s) for s, name in enumerate(seats)]
+        episode = self._episode_columns(episode_id, seats, seed) if None in fixed else None  # every row shares it
         credit = RewardCredit(game.num_players)
         for turn in itertools.count():
             seat = game.current_player
-            if seat in opponents:
-                text = opponents[seat].act(game)
-                if turn % 4 == 3:  # a game of rules alone still lets the other episodes run
-                    await trio.lowlevel.checkpoint()
+            player = fixed[seat]
+            if player is None:
+                row = {**episode, Columns.TURN: turn, Columns.AGENT: seat}
+                result = await self._policy_move(game, row, credit, staleness_bound)
             else:
-                if staleness_bound is not None and credit.rows and \
-                        self.learner_version - min(credit.rows[0][Columns.POLICY_VERSIONS] or [0]) > staleness_bound:
-                    raise _FellBehind(episode_id)
-                turn_columns = {**episode, Columns.TURN: turn, Columns.AGENT: seat}
-                row = await self._policy_turn(game.observation(seat), turn_columns,
-                                                getattr(game, "max_tokens", None))
-                credit.add_row(row)
-                text = row[Columns.ACTION_TEXT]
-            result = game.step(text)
-            if not isinstance(result, StepResult):  # a coroutine step: a tool that waits
-                result = await result
-            credit.add_rewards(result.rewards)
+                result = game.step(player.act(game))
+                if not isinstance(result, StepResult):  # a coroutine step: a tool that waits
+                    result = await result
+                credit.add_rewards(result.rewards)
+                self._fixed_moves += 1
+                if not self._fixed_moves % FIXED_MOVES_PER_CHECKPOINT:  # rules alone still let the others run
+                    await trio.lowlevel.checkpoint()
             self._stats["steps"] += 1
-            if seat not in opponents:
-                credit.rows[-1][Columns.INVALID_ACTION] = result.invalid
-                self._stats["invalid_actions"] += result.invalid
-                self._stats["forfeits"] += "forfeit" in result.info
             if result.terminated or result.truncated:
                 break
         credit.finish(result)
         self._idle_games.append(game)
         self._stats["episodes"] += 1
-        self._return_sums = [total + r for total, r in zip(self._return_sums, credit.returns)]
+        for s, r in enumerate(credit.returns):
+            self._return_sums[s] += r
         return credit.rows, credit.returns
+
+    async def _policy_move(self, game, row: dict, credit: RewardCredit, staleness_bound: int | None) -> StepResult:
+        """The policy's move in seat ``row[AGENT]``: asked of the rollout, played, its row added to ``credit``."""
+        if staleness_bound is not None and credit.rows and \
+                self.learner_version - min(credit.rows[0][Columns.POLICY_VERSIONS] or [0]) > staleness_bound:
+            raise _FellBehind(row[Columns.EPISODE_ID])
+        row = await self._policy_turn(game.observation(row[Columns.AGENT]), row, getattr(game, "max_tokens", None))
+        credit.add_row(row)
+        result = game.step(row[Columns.ACTION_TEXT])
+        if not isinstance(result, StepResult):  # a coroutine step: a tool that waits
+            result = await result
+        credit.add_rewards(result.rewards)
+        row[Columns.INVALID_ACTION] = result.invalid
+        self._stats["invalid_actions"] += result.invalid
+        self._stats["forfeits"] += "forfeit" in result.info
+        return result
+
+    def _episode_columns(self, episode_id: str, seats: list[str], seed: int) -> dict:
+        """What every row of an episode shares."""
+        return {
+            Columns.EPISODE_ID: episode_id, Columns.ENV_NAME: self.cfg.env_name,
+            Columns.SEED: seed, Columns.POLICY_ID: self.cfg.policy_id, Columns.CREATED_AT: time.time(),
+            Columns.MATCHUP: ",".join(self.cfg.policy_id if name == POLICY else name for name in seats),
+        }
 
     async def _policy_turn(self, prompt: str, row: dict, max_tokens: int | None = None) -> dict:
         """Ask the policy for a move; ``row`` holds the episode's and the turn's columns so far."""

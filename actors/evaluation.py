@@ -6,20 +6,35 @@ from streams.schema import Columns
 
 
 class EvaluationTally:
+    """Wins, draws, losses and games with an invalid action, per seat, and the oldest and newest policy
+    version that played a token in any of the games (a game of fixed players only has none)."""
+
     def __init__(self, tag: str, opponent: str, games_per_seat: int):
         self.tag, self.opponent, self.games_per_seat = tag, opponent, games_per_seat
         self.per_seat: dict[int, dict[str, int]] = {}
-        self.versions: list[int] = []
+        self.version_min: int | None = None
+        self.version_max: int | None = None
         self.done = False
 
     def add(self, seat: int, returns: list[float], rows: list[dict]) -> None:
-        counts = self.per_seat.setdefault(seat, {"games": 0, "wins": 0, "draws": 0, "losses": 0, "invalid": 0})
+        counts = self.per_seat.get(seat)
+        if counts is None:
+            counts = self.per_seat[seat] = {"games": 0, "wins": 0, "draws": 0, "losses": 0, "invalid": 0}
         counts["games"] += 1
         # alone in the game (a single-agent task), a positive return is a win
         mine, best_other = returns[seat], max((r for s, r in enumerate(returns) if s != seat), default=0.0)
         counts["wins" if mine > best_other else "losses" if mine < best_other else "draws"] += 1
         counts["invalid"] += any(row[Columns.INVALID_ACTION] for row in rows)
-        self.versions += [v for row in rows for v in row[Columns.POLICY_VERSIONS]]
+        for row in rows:
+            versions = row[Columns.POLICY_VERSIONS]
+            if versions:
+                self._see_versions(min(versions), max(versions))
+
+    def _see_versions(self, low: int, high: int) -> None:
+        if self.version_min is None:
+            self.version_min, self.version_max = low, high
+        else:
+            self.version_min, self.version_max = min(self.version_min, low), max(self.version_max, high)
 
     def finish(self) -> None:
         self.done = True
@@ -33,6 +48,6 @@ class EvaluationTally:
             "done": self.done,
             "seats": seats,
             "nonloss": sum(nonloss) / len(nonloss) if nonloss else None,  # mean over seats
-            "version_min": min(self.versions, default=None),
-            "version_max": max(self.versions, default=None),
+            "version_min": self.version_min,
+            "version_max": self.version_max,
         }

@@ -34,6 +34,9 @@ class InvalidActions:
     def current_player(self) -> int:
         return self.game.current_player
 
+    def legal_actions(self) -> list[str]:
+        return self.game.legal_actions()
+
     def reset(self, seed: int = 0) -> None:
         self.game.reset(seed)
         self.done, self._retries, self._note = False, 0, ""

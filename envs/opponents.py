@@ -20,10 +20,15 @@ class RandomOpponent:
     name = "random"
 
     def __init__(self, seed: int | None = None):
-        self.rng = random.Random(seed)
+        self.seed, self._rng = seed, None  # seeded at the first choice: one legal action needs none
 
     def act(self, game: Game) -> str:
-        return self.rng.choice(game.legal_actions())
+        legal = game.legal_actions()
+        if len(legal) == 1:
+            return legal[0]
+        if self._rng is None:
+            self._rng = random.Random(self.seed)
+        return self._rng.choice(legal)
 
 
 def _unwrap(game: Game, name: str, opponent: str):

@@ -2,9 +2,16 @@
 
 Any object with GEM's ``reset``/``step`` works unchanged, a GEM environment included; a coroutine ``step``
 is awaited. The observation the env returns is the next prompt.
+
+An env without ``legal_actions`` names a random action by GEM's ``sample_random_action``, which draws from the
+global ``random`` module that every env in the process shares. So that an episode's random actions depend on
+its seed only, however the env actor interleaves episodes, each draw reseeds ``random`` from the episode's
+seed and the draw's number first (NumPy's global generator is not reseeded).
 """
 
 from __future__ import annotations
+
+import random
 
 from envs.base import Env, StepResult
 
@@ -20,6 +27,8 @@ class SingleAgentGame:
         self.name = name or getattr(env, "name", type(env).__name__)
         self._observation = ""
         self.info: dict = {}
+        self._legal_actions = getattr(env, "legal_actions", None)
+        self._seed, self._draws = 0, 0  # random actions drawn in this episode
 
     def __getattr__(self, name):  # the env's own extras, e.g. expert_action()
         if name == "env":
@@ -28,14 +37,16 @@ class SingleAgentGame:
 
     def reset(self, seed: int = 0) -> None:
         self._observation, self.info = self.env.reset(seed=seed)
+        self._seed, self._draws = seed, 0
 
     def observation(self, player: int = 0) -> str:
         return self._observation
 
     def legal_actions(self) -> list[str]:
-        legal = getattr(self.env, "legal_actions", None)
-        if legal is not None:
-            return legal()
+        if self._legal_actions is not None:
+            return self._legal_actions()
+        random.seed((self._seed << 32) + self._draws)  # see the module's docstring
+        self._draws += 1
         return [self.env.sample_random_action()]  # GEM's way to name an action
 
     @property

@@ -69,23 +69,28 @@ class SchemaError(ValueError):
 
 
 def trajectory_table(rows: list[dict]) -> pa.Table:
-    """Build a table with exactly TRAJECTORY_SCHEMA from rows keyed by `Columns`."""
+    """Build a table with exactly TRAJECTORY_SCHEMA from rows keyed by `Columns`.
+
+    Column by column, each with its type: for the few rows of an episode, several times faster than Arrow's
+    row-by-row ``Table.from_pylist``.
+    """
     expected = set(NAMES)
     for index, row in enumerate(rows):
         if row.keys() != expected:
             raise SchemaError(f"trajectory row {index}: {_difference(set(row), expected)}")
     try:
-        table = pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
+        columns = [pa.array([row[name] for row in rows], type=kind) for name, kind in FIELDS]
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
         raise SchemaError(f"trajectory rows do not fit the schema: {error}") from error
-    return table.replace_schema_metadata(TRAJECTORY_SCHEMA.metadata)
+    return pa.Table.from_arrays(columns, schema=TRAJECTORY_SCHEMA)
 
 
 def encode_table(table: pa.Table) -> bytes:
     """Serialize a trajectory table as an Arrow IPC stream (checked against the schema first)."""
-    if table.schema.metadata and VERSION_KEY in table.schema.metadata:
-        _check_version(table.schema)
-    table = _conform(table)
+    if not table.schema.equals(TRAJECTORY_SCHEMA, check_metadata=True):  # as trajectory_table builds it: as is
+        if table.schema.metadata and VERSION_KEY in table.schema.metadata:
+            _check_version(table.schema)
+        table = _conform(table)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)

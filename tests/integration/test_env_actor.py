@@ -194,7 +194,7 @@ def test_a_training_episode_that_falls_behind_the_bound_is_abandoned_and_gives_i
     assert seen["episode"].num_rows >= 2
 
 
-def evaluate_without_model(tiny_model_dir, games_per_seat, **kwargs) -> dict:
+def evaluate_without_model(tiny_model_dir, games_per_seat, concurrency=16, env_name="tictactoe", **kwargs) -> dict:
     """An env actor's evaluation with a fixed player in the evaluated seat: no rollout is ever asked."""
     result = {}
 
@@ -202,7 +202,7 @@ def evaluate_without_model(tiny_model_dir, games_per_seat, **kwargs) -> dict:
         transport = MemoryTransport()
         async with transport.open_receiver() as requests, transport.open_receiver() as rewards, \
                 trio.open_nursery() as nursery:
-            env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir), concurrency=16))
+            env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir), concurrency=concurrency, env_name=env_name))
             await nursery.start(env.run, transport, {"rollout": [requests.address], "reward": [rewards.address]})
             env.evaluate("calibration", games_per_seat, **kwargs)
             while not (summary := env.statistics()["evaluations"][0])["done"]:
@@ -221,3 +221,17 @@ def test_an_evaluation_can_seat_a_fixed_player_minimax_never_loses_to_random(tin
     assert seats[0]["wins"] > 20  # first to move, perfect play beats random almost always
     assert result["summary"]["nonloss"] == 1.0 and result["stats"]["turns"] == 0  # the policy never played
     assert result["stats"]["steps"] >= 60 * 5
+
+
+def test_an_evaluation_plays_every_game_once_and_counts_the_errored_apart(tiny_model_dir, monkeypatch):
+    """50 games on 8 workers; every other game raises: 25 results in the tally, 25 errored, none played twice."""
+    from envs import registry
+
+    monkeypatch.setitem(registry.ENVIRONMENTS, "flaky", registry.Registered(FlakyTicTacToe, "2", "raises"))
+    monkeypatch.setattr(FlakyTicTacToe, "episodes", 0)
+    result = evaluate_without_model(tiny_model_dir, 25, concurrency=8, env_name="flaky", opponent="random",
+                                    player="random")
+    seats, stats = result["summary"]["seats"], result["stats"]
+    assert FlakyTicTacToe.episodes == 50  # each game reset once: played once
+    assert result["summary"]["done"] and stats["errored"] == 25 and stats["episodes"] == 25
+    assert sum(seats[s]["games"] for s in seats) == 25 and set(seats) <= {0, 1}

@@ -34,6 +34,27 @@ def test_a_gem_environment_is_a_seeded_one_player_game():
         envs.make("gem:game:NoSuchGame-v0")
 
 
+def test_the_random_player_of_a_gem_game_is_reproducible_from_the_episode_seed():
+    """GEM draws random actions from the global ``random``; other episodes drawing in between change nothing."""
+    import random
+
+    def play(seed, interleave=False):
+        game, other, player = envs.make("gem:game:GuessTheNumber-v0-hard"), envs.make(GAME), envs.make_opponent("random")
+        game.reset(seed)
+        moves = []
+        while True:
+            if interleave:  # another episode starts and moves, and someone else draws, between this one's moves
+                other.reset(seed + len(moves) + 1)
+                other.step(player.act(other))
+                random.random()
+            moves.append(player.act(game))
+            if (result := game.step(moves[-1])).terminated or result.truncated:
+                return moves
+
+    assert play(5) == play(5, interleave=True) and len(play(5)) > 1
+    assert len({tuple(play(seed, interleave=True)) for seed in range(6)}) > 1
+
+
 def test_the_env_actor_hosts_a_gem_game_and_keeps_its_rewards(tiny_model_dir):
     *episodes, stats = run_episodes(tiny_model_dir, "\\boxed{3}", episodes=12, env_name=GAME, max_prompt_tokens=96)
     outcomes = set()
