@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 class LearnerConfig:
     model_path: str
     policy_id: str = "main"
-    lr: float = 5e-4
+    lr: float = 2.5e-4
     objective: Objective = field(default_factory=Objective)  # loss, advantages; a dict is accepted
     max_staleness: int = 2  # eta: the oldest token a batch may hold is this many versions behind
     temperature: float = 1.0
