@@ -132,9 +132,9 @@ class EnvActor:
     def reissue(self) -> int:
         """Send again every generation request still unanswered (a rollout actor died with some of them;
         which ones, only it knew). A request answered twice counts once. Returns how many go out."""
-        bodies = [(request_id, body) for request_id, (_, slot, body) in self._waiting.items() if not slot]
-        self._nursery.start_soon(self._reissue, bodies)
-        return len(bodies)
+        unanswered = [request_id for request_id, (_, slot, _) in self._waiting.items() if not slot]
+        self._nursery.start_soon(self._reissue, unanswered)
+        return len(unanswered)
 
     def statistics(self) -> dict:
         episodes = max(self._stats["episodes"], 1)
@@ -261,10 +261,7 @@ class EnvActor:
                 row = {**episode, Columns.TURN: turn, Columns.AGENT: seat}
                 result = await self._policy_move(game, row, credit, staleness_bound)
             else:
-                result = game.step(player.act(game))
-                if not isinstance(result, StepResult):  # a coroutine step: a tool that waits
-                    result = await result
-                credit.add_rewards(result.rewards)
+                result = await _step(game, player.act(game), credit)
                 self._fixed_moves += 1
                 if not self._fixed_moves % FIXED_MOVES_PER_CHECKPOINT:  # rules alone still let the others run
                     await trio.lowlevel.checkpoint()
@@ -285,10 +282,7 @@ class EnvActor:
             raise _FellBehind(row[Columns.EPISODE_ID])
         row = await self._policy_turn(game.observation(row[Columns.AGENT]), row, getattr(game, "max_tokens", None))
         credit.add_row(row)
-        result = game.step(row[Columns.ACTION_TEXT])
-        if not isinstance(result, StepResult):  # a coroutine step: a tool that waits
-            result = await result
-        credit.add_rewards(result.rewards)
+        result = await _step(game, row[Columns.ACTION_TEXT], credit)
         row[Columns.INVALID_ACTION] = result.invalid
         self._stats["invalid_actions"] += result.invalid
         self._stats["forfeits"] += "forfeit" in result.info
@@ -343,11 +337,21 @@ class EnvActor:
             waiter[1].append(completion)
             waiter[0].set()
 
-    async def _reissue(self, bodies: list[tuple[int, bytes]]) -> None:
-        for request_id, body in bodies:
-            if request_id in self._waiting and not self._waiting[request_id][1]:
+    async def _reissue(self, request_ids: list[int]) -> None:
+        for request_id in request_ids:
+            _, slot, body = self._waiting.get(request_id, (None, True, None))
+            if not slot:  # answered (or ended) since reissue() was called: nothing to send
                 await self._requests.send(body)
                 self._stats["reissued_requests"] += 1
+
+
+async def _step(game, action: str, credit: RewardCredit) -> StepResult:
+    """Play ``action``; a coroutine step (a tool that waits) is awaited. Its rewards go to ``credit``."""
+    result = game.step(action)
+    if not isinstance(result, StepResult):
+        result = await result
+    credit.add_rewards(result.rewards)
+    return result
 
 
 class _FellBehind(Exception):

@@ -63,9 +63,6 @@ class RayCluster:
     def is_dead(self, error: Exception) -> bool:
         return isinstance(error, self.ray.exceptions.RayActorError)
 
-    def pid(self, name: str) -> int:
-        return self.ray.get(self.handles[name].pid.remote())
-
     def call(self, name: str, method: str, *args):
         return self.ray.get(self.handles[name].call.remote(method, *args))
 

@@ -103,7 +103,8 @@ class MetricsLog:
             "tokens": sum(s["tokens"] for s in rollouts),
         }
         replay = stats.get("replay", {})
-        row = {"time": now, "elapsed_s": now - self.started if self.started is not None else self._elapsed_before, "version": learner["version"], **totals,
+        elapsed = now - self.started if self.started is not None else self._elapsed_before
+        row = {"time": now, "elapsed_s": elapsed, "version": learner["version"], **totals,
                "trained_episodes": learner["episodes"], "learner_train_s": learner["train_s"],
                "learner_busy": learner.get("busy"),
                "rollout_idle": sum(s.get("idle_fraction", 0.0) for s in rollouts) / max(len(rollouts), 1),
@@ -126,8 +127,8 @@ class MetricsLog:
             row["invalid_rate"] = (totals["invalid_actions"] - before["invalid_actions"]) / turns if turns else None
         row["train_return"] = self._train_return(now, totals)
         for key in ("staleness_mean", "staleness_max", "staleness_hist", "pg_loss", "clip_fraction", "approx_kl",
-                    "logprob_gap", "logprob_gap_same_version", "is_weight_mean", "is_outside_share", "entropy", "return_seat0", "return_seat1",
-                    "kl_ref"):
+                    "logprob_gap", "logprob_gap_same_version", "is_weight_mean", "is_outside_share", "entropy",
+                    "return_seat0", "return_seat1", "kl_ref"):
             if key in learner.get("last", {}):
                 row[key] = learner["last"][key]
         if evaluation is not None:

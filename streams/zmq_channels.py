@@ -420,6 +420,20 @@ class CurveKeys:
         return cls(*server, *client, authorized_dir=directory)
 
 
+async def _rebind(socket: zmq.Socket, address: str) -> None:
+    """Bind ``address`` again for a restarted endpoint: its predecessor's socket may still be lingering on it."""
+    deadline = trio.current_time() + REBIND_WAIT_S
+    while True:
+        try:
+            return socket.bind(address)
+        except zmq.ZMQError as error:
+            if error.errno != zmq.EADDRINUSE:
+                raise
+            if trio.current_time() >= deadline:
+                raise OSError(f"cannot bind {address}: still in use after {REBIND_WAIT_S:.0f} s") from error
+        await trio.sleep(0.05)
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -531,17 +545,7 @@ class ZmqTransport:
     async def _bind(self, sock: _TrioSocket, address: str | None) -> str:
         if address is None:
             sock.socket.bind(f"tcp://{self.host}:*")
-        else:  # a restarted endpoint takes its old address back; its predecessor's socket may still be lingering
-            with trio.move_on_after(REBIND_WAIT_S) as waited:
-                while True:
-                    try:
-                        sock.socket.bind(address)
-                        break
-                    except zmq.ZMQError as error:
-                        if error.errno != zmq.EADDRINUSE:
-                            raise
-                    await trio.sleep(0.05)
-            if waited.cancelled_caught:
-                raise OSError(f"cannot bind {address}: still in use after {REBIND_WAIT_S:.0f} s")
+        else:
+            await _rebind(sock.socket, address)
         sock.wake()
         return sock.socket.getsockopt_string(zmq.LAST_ENDPOINT)
