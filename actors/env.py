@@ -76,7 +76,8 @@ class EnvActor:
         self._stats = {"episodes": 0, "steps": 0, "turns": 0, "invalid_actions": 0, "forfeits": 0, "errored": 0,
                        "truncated_actions": 0, "truncated_prompts": 0, "admission_waits": 0,
                        "train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
-                       "abandoned_stale": 0, "reissued_requests": 0, "duplicate_completions": 0}
+                       "abandoned_stale": 0, "reissued_requests": 0, "duplicate_completions": 0,
+                       "refused_generations": 0}
         # Training episodes started and not dropped; a resumed run counts the episodes its learner consumed.
         self._started = self._share(cfg.start_version * cfg.batch_episodes)
         self.learner_version = cfg.start_version
@@ -240,6 +241,11 @@ class EnvActor:
         except _FellBehind:
             self._stats["abandoned_stale"] += 1
             return None
+        except GenerationRefused as refused:
+            log.warning("episode %s dropped: %s", episode_id, refused)
+            self._stats["errored"] += 1
+            self._stats["refused_generations"] += 1
+            return None
         except Exception:  # the environment's (or an opponent's) bug costs this episode only
             log.exception("environment %s raised in episode %s; the episode is dropped", self.cfg.env_name,
                           episode_id)
@@ -325,6 +331,8 @@ class EnvActor:
             await done.wait()
         finally:
             self._waiting.pop(request_id, None)
+        if slot[0].error:
+            raise GenerationRefused(f"the rollout actor refused generation request {request_id}: {slot[0].error}")
         return slot[0]
 
     async def _route_completions(self) -> None:
@@ -352,6 +360,11 @@ async def _step(game, action: str, credit: RewardCredit) -> StepResult:
         result = await result
     credit.add_rewards(result.rewards)
     return result
+
+
+class GenerationRefused(Exception):
+    """The rollout actor could not sample a request (e.g. vLLM refuses temperatures above 2): the episode
+    that asked is dropped, with the reason in the log, and counted as errored."""
 
 
 class _FellBehind(Exception):

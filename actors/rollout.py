@@ -65,7 +65,8 @@ class RolloutActor:
         self._latest_weights: FetchedWeights | None = None  # set on the trio loop, taken by the sampling thread
         self._weights_lock = threading.Lock()
         self._stats = {"requests": 0, "tokens": 0, "batches": 0, "generate_s": 0.0, "weights_applied": 0,
-                       "weights_applied_mid_batch": 0, "version_waits": 0, "idle_s": 0.0}
+                       "weights_applied_mid_batch": 0, "version_waits": 0, "idle_s": 0.0,
+                       "refused_requests": 0}
         self._started_at = time.perf_counter()
         self._queue = None
         self._follower = None
@@ -200,7 +201,14 @@ class RolloutActor:
     async def _answer(self, request: GenerationRequest, sampler, completions, slots: trio.Semaphore) -> None:
         try:
             await self._wait_for_version(request.min_version)
-            s = await sampler.sample(request.prompt_ids, temperature=request.temperature, max_tokens=request.max_tokens)
+            try:
+                s = await sampler.sample(request.prompt_ids, temperature=request.temperature,
+                                         max_tokens=request.max_tokens)
+            except ValueError as error:  # RequestRefused, an empty prompt: answer this request, serve the rest
+                log.warning("%s: request %d refused by the engine: %s", self.name, request.request_id, error)
+                self._stats["refused_requests"] += 1
+                await completions.send((Completion.refused(request.request_id, str(error)), request))
+                return
             self._stats["requests"] += 1
             self._stats["tokens"] += len(s.tokens)
             await completions.send((Completion(request.request_id, s.tokens, s.logprobs, s.versions, s.finished),
