@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,15 +32,16 @@ from actors.launcher import launch
 LOSSES = {"decoupled": "decoupled_ppo", "naive": "ppo"}
 
 
-def run_one(loss: str, eta: int, versions: int, out: Path, extra: list[str]) -> dict:
+def run_one(loss: str, eta: int, versions: int, out: Path, extra: list[str], seed: int = 0) -> dict:
     overrides = [
         f"learner.args.objective.loss={LOSSES[loss]}", f"learner.max_staleness={eta}",
         f"run.max_versions={versions}", "run.minutes=60", "run.progress=false", "eval.every_s=0",
-        "env.args.opponent_share=1.0", f"run.dir={out}", f"run.name={loss}-eta{eta}", *extra,
+        "env.args.opponent_share=1.0", f"run.dir={out}", f"run.name={loss}-eta{eta}-seed{seed}", f"run.seed={seed}",
+        *extra,
     ]
     started = time.time()
     summary = launch(load_config(overrides))
-    return {"loss": loss, "eta": eta, "final": summary["final_nonloss"], "start": summary["start_nonloss"],
+    return {"loss": loss, "eta": eta, "seed": seed, "final": summary["final_nonloss"], "start": summary["start_nonloss"],
             "versions": summary["final_version"], "minutes": (time.time() - started) / 60,
             "staleness": summary["staleness_hist"], "rejected": summary["rejected_episodes"],
             "learner_busy": summary["learner_busy"]}
@@ -53,8 +55,11 @@ def plot(results: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for loss in sorted({r["loss"] for r in results}):
-        rows = sorted((r for r in results if r["loss"] == loss), key=lambda r: r["eta"])
-        ax.plot([r["eta"] for r in rows], [r["final"] for r in rows], "o-", label=loss)
+        rows = [r for r in results if r["loss"] == loss]
+        etas = sorted({r["eta"] for r in rows})
+        means = [statistics.mean(r["final"] for r in rows if r["eta"] == eta) for eta in etas]
+        line, = ax.plot(etas, means, "-", label=f"{loss} (mean)")
+        ax.plot([r["eta"] for r in rows], [r["final"] for r in rows], "o", color=line.get_color(), alpha=0.5)
     ax.set(xlabel="max staleness eta (versions)", ylabel="final non-loss vs random", ylim=(0, 1.02),
            title="equal learner updates at each eta")
     ax.grid(alpha=0.3)
@@ -76,6 +81,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--versions", type=int, default=100, help="learner updates per run")
     parser.add_argument("--losses", nargs="+", choices=list(LOSSES), default=list(LOSSES),
                         help="which losses to run (the last line gives the ratios of those run)")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="runs per (loss, eta), seeds 0.., averaged: one run's final varies by about 0.1 here")
     parser.add_argument("--out", default="runs/bench-staleness")
     args, overrides = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -90,17 +97,19 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
-    for loss in args.losses:
-        for eta in etas:
-            results.append(run_one(loss, eta, versions, out, overrides))
-            r = results[-1]
-            print(f"{loss:>9} eta={eta}: final_nonloss={r['final']:.3f} (start {r['start']:.3f}) "
-                  f"versions={r['versions']} staleness_mean={staleness_mean(r['staleness']):.2f} "
-                  f"rejected={r['rejected']} minutes={r['minutes']:.1f}", flush=True)
+    for seed in range(args.seeds):  # seeds outermost: a cut-short benchmark still has every (loss, eta) once
+        for loss in args.losses:
+            for eta in etas:
+                results.append(run_one(loss, eta, versions, out, overrides, seed))
+                r = results[-1]
+                print(f"{loss:>9} eta={eta} seed={seed}: final_nonloss={r['final']:.3f} (start {r['start']:.3f}) "
+                      f"versions={r['versions']} staleness_mean={staleness_mean(r['staleness']):.2f} "
+                      f"rejected={r['rejected']} minutes={r['minutes']:.1f}", flush=True)
     (out / "staleness.json").write_text(json.dumps(results, indent=2))
     plot(results, out / "staleness.png")
-    final = {(r["loss"], r["eta"]): r["final"] for r in results}
-    print(f"\n{'eta':>4} " + " ".join(f"{loss:>10}" for loss in args.losses))
+    final = {key: statistics.mean(r["final"] for r in results if (r["loss"], r["eta"]) == key)
+             for key in {(r["loss"], r["eta"]) for r in results}}
+    print(f"\n{'eta':>4} " + " ".join(f"{loss:>10}" for loss in args.losses) + f"   (mean final of {args.seeds} seed(s))")
     for eta in etas:
         print(f"{eta:>4} " + " ".join(f"{final[(loss, eta)]:>10.3f}" for loss in args.losses))
     print(f"table: {out / 'staleness.json'}  plot: {out / 'staleness.png'}")
