@@ -64,15 +64,21 @@ class _LoopThread:
 class ActorHost:
     """One actor in this process, its loop in a thread, its streams on ZeroMQ. Ray wraps this class."""
 
-    def __init__(self, actor_cls, cfg, name: str, host: str = "127.0.0.1", curve_dir: str | None = None):
+    def __init__(self, actor_cls, cfg, name: str, host: str = "127.0.0.1", curve_dir: str | None = None,
+                 rebind: list[str] = ()):
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
         self.actor = actor_cls(cfg, name=name)
-        self.transport = ZmqTransport(host=host, curve=CurveKeys.load(curve_dir) if curve_dir else None)
+        self.transport = ZmqTransport(host=host, curve=CurveKeys.load(curve_dir) if curve_dir else None,
+                                      rebind=rebind)
         self._loop = _LoopThread(name)
 
     def start(self, peers: dict) -> dict:
         """Bind, connect to ``peers`` and start serving; returns this actor's addresses."""
         return self._loop.start(self.actor.run, self.transport, peers)
+
+    def bound(self) -> list[str]:
+        """The addresses this actor bound, in order: a restarted one binds them again (``rebind``)."""
+        return list(self.transport.bound)
 
     def call(self, method: str, *args):
         return self._loop.call(getattr(self.actor, method), *args)

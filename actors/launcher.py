@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,25 +41,24 @@ class RayCluster:
             kwargs = {"num_cpus": num_cpus} if address is None else {"address": address}
             ray.init(include_dashboard=False, logging_level=logging.WARNING, **kwargs)
         self.handles: dict[str, object] = {}
-        self.specs: dict[str, tuple] = {}  # name -> (class, config, peers, addresses): what a restart needs
+        self.specs: dict[str, tuple] = {}  # name -> (class, config, peers, bound addresses): what a restart needs
         # num_cpus=0: actors share the machine's cores; Ray only places and supervises them.
         self._remote_host = ray.remote(num_cpus=0, max_concurrency=4)(ActorHost)
 
-    def spawn(self, name: str, actor_cls, cfg, peers: dict) -> dict:
-        handle = self._remote_host.options(name=name).remote(actor_cls, cfg, name, self.host, self.curve_dir)
+    def spawn(self, name: str, actor_cls, cfg, peers: dict, rebind: list[str] = ()) -> dict:
+        handle = self._remote_host.options(name=name).remote(actor_cls, cfg, name, self.host, self.curve_dir,
+                                                              rebind)
         self.handles[name] = handle
         addresses = self.ray.get(handle.start.remote(peers))
-        self.specs[name] = (actor_cls, cfg, peers, addresses)
+        self.specs[name] = (actor_cls, cfg, peers, self.ray.get(handle.bound.remote()))
         return addresses
 
-    def restart(self, name: str) -> dict:
-        """Start a dead actor again, with its config and peers, at its old addresses (those who send to it
-        reconnect by themselves and send again what it had not acknowledged)."""
-        actor_cls, cfg, peers, addresses = self.specs[name]
+    def restart(self, name: str, **changes) -> dict:
+        """Start a dead actor again, with its config (``changes`` replaced) and peers, at its old addresses
+        (those who send to it reconnect by themselves and send again what it had not acknowledged)."""
+        actor_cls, cfg, peers, bound = self.specs[name]
         self.ray.kill(self.handles.pop(name), no_restart=True)  # if it is not quite dead yet
-        if "requests" in addresses:
-            cfg = dataclasses.replace(cfg, address=addresses["requests"])
-        return self.spawn(name, actor_cls, cfg, peers)
+        return self.spawn(name, actor_cls, dataclasses.replace(cfg, **changes), peers, rebind=bound)
 
     def is_dead(self, error: Exception) -> bool:
         return isinstance(error, self.ray.exceptions.RayActorError)
@@ -88,6 +88,7 @@ class Topology:
     reward: str = "reward"
     rollouts: list[str] = field(default_factory=list)
     envs: list[str] = field(default_factory=list)
+    life: str = ""  # this start of the run (a resumed run is a new life): replay's spill and the data cursor
 
     def names(self) -> list[str]:
         return [self.learner, self.replay, self.reward, *self.rollouts, *self.envs]
@@ -99,15 +100,19 @@ def build_topology(cluster, cfg: dict, model_path: str | Path, run_dir: Path) ->
     episodes: env -> reward -> replay -> learner;  weights: learner -> rollout;  versions: learner -> env;
     generation: env -> rollout (requests) and rollout -> env (completions, to the address in the request).
     """
-    model_path, top = str(model_path), Topology()
+    model_path, top = str(model_path), Topology(life=time.strftime("%Y%m%d-%H%M%S"))
     sampling = cfg["sampling"]
     learner = cluster.spawn(top.learner, LearnerActor, LearnerConfig(
         model_path=model_path, temperature=sampling["temperature"], save_dir=str(run_dir / "policy"),
         max_staleness=cfg["learner"]["max_staleness"], seed=cfg["run"]["seed"],
         checkpoint_every=cfg["learner"].get("checkpoint_every", 0), resume=bool(cfg.get("resume")),
-        **cfg["learner"]["args"]), peers={})
-    replay = cluster.spawn(top.replay, ReplayActor, ReplayConfig(**cfg["replay"]["args"]),
+        data_life=top.life, **cfg["learner"]["args"]), peers={})
+    spill = str(run_dir / "replay" / top.life) if cfg["replay"].get("spill") else None
+    replay = cluster.spawn(top.replay, ReplayActor, ReplayConfig(spill_dir=spill, **cfg["replay"]["args"]),
                            peers={"learner": [learner["batches"]]})
+    ledger = run_dir / "ledger" / top.life if cfg["run"].get("ledger") else None
+    if ledger:
+        ledger.mkdir(parents=True, exist_ok=True)
     reward = cluster.spawn(top.reward, RewardActor, RewardConfig(**cfg["reward"]["args"]),
                            peers={"replay": [replay["episodes"]]})
     rollout_addresses = []
@@ -126,7 +131,7 @@ def build_topology(cluster, cfg: dict, model_path: str | Path, run_dir: Path) ->
             max_new_tokens=sampling["max_new_tokens"], max_staleness=cfg["learner"]["max_staleness"],
             batch_episodes=cfg["replay"]["args"]["batch_episodes"], admission_slot=(i, envs),
             start_version=learner["version"],
-            seed=cfg["run"]["seed"] * 1000 + i, **cfg["env"]["args"]),
+            seed=cfg["run"]["seed"] * 1000 + i, ledger_dir=str(ledger) if ledger else None, **cfg["env"]["args"]),
             peers={"rollout": rollout_addresses, "reward": [reward["episodes"]], "versions": [learner["weights"]]})
     return top
 

@@ -19,10 +19,15 @@ class Evaluation:
         self.cluster, self.envs, self.tag, self.opponent = cluster, envs, tag, opponent
         shares = [games_per_seat // len(envs) + (i < games_per_seat % len(envs)) for i in range(len(envs))]
         self.started = time.time()
-        for env, share in zip(envs, shares):
-            if share:
-                cluster.call(env, "evaluate", tag, share, opponent)
-        self.envs = [env for env, share in zip(envs, shares) if share]
+        self.shares = {env: share for env, share in zip(envs, shares) if share}
+        for env, share in self.shares.items():
+            cluster.call(env, "evaluate", tag, share, opponent)
+        self.envs = list(self.shares)
+
+    def restarted(self, env: str) -> None:
+        """``env`` died with its share of the games: its successor plays the whole share again."""
+        if env in self.shares:
+            self.cluster.call(env, "evaluate", self.tag, self.shares[env], self.opponent)
 
     def result(self, env_stats: dict[str, dict]) -> dict | None:
         """The merged result once every env actor has finished its share, else None."""
@@ -46,6 +51,11 @@ class Evaluation:
         }
 
 
+# per-actor counters that a restarted actor starts again from 0, and that the run's totals continue
+CONTINUED = ("episodes", "train_episodes", "train_return_sum", "turns", "invalid_actions", "tokens",
+             "reissued_requests", "duplicate_completions", "abandoned_stale")
+
+
 class MetricsLog:
     """Appends one JSON line per snapshot to ``metrics.jsonl`` and derives rates between snapshots."""
 
@@ -57,6 +67,22 @@ class MetricsLog:
         self._elapsed_before = 0.0          # minute a resumed run stopped at)
         self._last: tuple[float, dict] | None = None
         self.rows: list[dict] = []
+        self._seen: dict[str, dict] = {}  # actor -> its CONTINUED counters in the last snapshot
+        self._before: dict[str, dict] = {}  # actor -> what its dead predecessors had counted
+
+    def restarted(self, name: str) -> None:
+        """``name`` died and was restarted: what it had counted stays in the totals (no negative rates)."""
+        before = self._before.setdefault(name, {})
+        for key, value in self._seen.get(name, {}).items():
+            before[key] = before.get(key, 0) + value
+        self._seen[name] = {}
+
+    def _continued(self, stats: dict[str, dict]) -> dict[str, dict]:
+        out = {}
+        for name, s in stats.items():
+            self._seen[name] = {key: s[key] for key in CONTINUED if key in s}
+            out[name] = {**s, **{key: s[key] + value for key, value in self._before.get(name, {}).items() if key in s}}
+        return out
 
     def load(self) -> float:
         """Take back the rows a run (being resumed) already wrote; returns the elapsed seconds they cover."""
@@ -91,6 +117,7 @@ class MetricsLog:
 
     def snapshot(self, stats: dict[str, dict], evaluation: dict | None = None) -> dict:
         now = time.time()
+        stats = self._continued(stats)
         learner = stats["learner"]
         envs = [s for name, s in stats.items() if name.startswith("env")]
         rollouts = [s for name, s in stats.items() if name.startswith("rollout")]

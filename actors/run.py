@@ -30,6 +30,8 @@ class Run:
         self.started = None
         self.target_reached_s = None
         self.restarts: dict[str, int] = {}  # actor -> times restarted after it died
+        self.training = False  # env actors may start training episodes (a restarted one is told again)
+        self.open_evaluations: list[Evaluation] = []  # under way: a restarted env actor plays its share again
 
     def model_path(self) -> Path:
         model = self.cfg["model"]
@@ -52,11 +54,9 @@ class Run:
             self._evaluate_now("resume" if self.resumed else "start", self.cfg["eval"]["endpoint_games_per_seat"])
             # minute 0 of the curves: training starts (a resumed run goes on from where its metrics stopped)
             self.started = self.metrics.started = time.time() - self.offset_s
-            for env in self.top.envs:
-                cluster.call(env, "set_training", True)
+            self._set_training(True)
             self._train()
-            for env in self.top.envs:
-                cluster.call(env, "set_training", False)
+            self._set_training(False)
             self._evaluate_now("final", self.cfg["eval"]["endpoint_games_per_seat"])
         except KeyboardInterrupt:
             interrupted = True
@@ -78,21 +78,79 @@ class Run:
         return stats
 
     def _recover(self, name: str, error: Exception) -> dict:
-        """Restart a dead rollout actor; its unanswered requests are sent again. Other kinds end the run (its
-        learner's checkpoint lets it resume)."""
-        if name not in self.top.rollouts:
-            raise RuntimeError(f"the {name} actor died ({type(error).__name__}); only rollout actors are restarted "
-                               f"so far: continue the run with `tidal launch resume={self.dir}`") from error
+        """Restart a dead actor of any kind, losing nothing and counting nothing twice (README, "Faults")."""
+        if not self.cfg["run"].get("restart", True):
+            raise RuntimeError(f"the {name} actor died ({type(error).__name__}) and run.restart is off: continue "
+                               f"the run with `tidal launch resume={self.dir}`") from error
         log.warning("%s died (%s); restarting it", name, type(error).__name__)
-        self.cluster.restart(name)
-        reissued = sum(self.cluster.call(env, "reissue") for env in self.top.envs)
+        top = self.top
+        if name in top.rollouts:
+            self._restart_rollout(name)
+        elif name in top.envs:
+            self._restart_env(name)
+        elif name == top.learner:
+            self._restart_learner()
+        elif name == top.replay:
+            self.cluster.restart(name)
+            self._rewind_replay(self.cluster.statistics(top.learner)["cursor"])
+        else:  # reward: its env actors send again what it had not acknowledged
+            self.cluster.restart(name)
         self.restarts[name] = self.restarts.get(name, 0) + 1
-        log.warning("%s restarted; %d unanswered generation requests sent again", name, reissued)
+        self.metrics.restarted(name)
         return self.cluster.statistics(name)
 
+    def _restart_rollout(self, name: str) -> None:
+        """At its old address; the env actors send again their unanswered requests (which only it knew)."""
+        self.cluster.restart(name)
+        reissued = sum(self.cluster.call(env, "reissue") for env in self.top.envs)
+        log.warning("%s restarted; %d unanswered generation requests sent again", name, reissued)
+
+    def _restart_env(self, name: str) -> None:
+        """Its episodes in flight died with it; its successor counts what it delivered as started (admission),
+        starts new ones in their place, and plays again its share of an evaluation under way."""
+        delivered = self.cluster.statistics(self.top.replay)["received_by_source"].get(name, 0)
+        self.cluster.restart(name, incarnation=self.restarts.get(name, 0) + 1, started_before=delivered)
+        if self.training:
+            self.cluster.call(name, "set_training", True)
+        for evaluation in self.open_evaluations:
+            evaluation.restarted(name)
+
+    def _restart_learner(self) -> None:
+        """From its last checkpoint (or the base model, if it made none yet); replay sends again, in order, the
+        batches after the checkpoint's data cursor, so it trains on each once."""
+        from actors.learner import find_checkpoint
+
+        resume = find_checkpoint(self.dir / "policy") is not None
+        started = self.cluster.restart(self.top.learner, resume=resume)
+        log.warning("learner restarted at version %d; batches after %d come again", started["version"],
+                    started["cursor"])
+        self._rewind_replay(started["cursor"])
+
+    def _rewind_replay(self, cursor: int) -> None:
+        try:
+            self.cluster.call(self.top.replay, "rewind", cursor)
+        except Exception as error:  # replay is dead too: its own restart rewinds it
+            if not self.cluster.is_dead(error):
+                raise
+
+    def _set_training(self, on: bool) -> None:
+        self.training = on
+        for env in self.top.envs:
+            self.cluster.call(env, "set_training", on)
+
+    def _evaluation(self, tag: str, games: int) -> Evaluation:
+        self.open_evaluations.append(Evaluation(self.cluster, self.top.envs, tag, games, self.cfg["eval"]["opponent"]))
+        return self.open_evaluations[-1]
+
+    def _result(self, evaluation: Evaluation, stats: dict) -> dict | None:
+        result = evaluation.result(stats)
+        if result is not None:
+            self.open_evaluations.remove(evaluation)
+        return result
+
     def _evaluate_now(self, tag: str, games: int) -> dict:
-        evaluation = Evaluation(self.cluster, self.top.envs, tag, games, self.cfg["eval"]["opponent"])
-        while (result := evaluation.result(self._stats())) is None:
+        evaluation = self._evaluation(tag, games)
+        while (result := self._result(evaluation, self._stats())) is None:
             time.sleep(0.5)
         return self._record(result)
 
@@ -115,7 +173,7 @@ class Run:
         while (elapsed := time.time() - self.started) < budget:
             time.sleep(min(run["log_every_s"], max(budget - elapsed, 0.05)))
             stats = self._stats()
-            if pending is not None and (result := pending.result(stats)) is not None:
+            if pending is not None and (result := self._result(pending, stats)) is not None:
                 self._record(result, stats)  # writes this round's metrics row too
                 pending = None
             else:
@@ -123,7 +181,7 @@ class Run:
             row = self.metrics.rows[-1]
             if pending is None and ev["every_s"] and time.time() >= next_eval:
                 rounds += 1
-                pending = Evaluation(self.cluster, self.top.envs, f"during-{rounds}", ev["games_per_seat"], ev["opponent"])
+                pending = self._evaluation(f"during-{rounds}", ev["games_per_seat"])
                 next_eval = time.time() + ev["every_s"]
             bar.update(min(round(time.time() - self.started), bar.total) - bar.n)
             bar.set_postfix(self._postfix(row), refresh=True)
