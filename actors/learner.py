@@ -254,3 +254,12 @@ def find_checkpoint(save_dir: str | Path | None) -> Path | None:
         if (candidate / TRAINER_STATE).exists():
             return candidate
     return None
+
+
+def checkpoint_cursor(save_dir: str | Path, life: str) -> int:
+    """The number of the last batch the checkpoint in ``save_dir`` had consumed in ``life`` (0: none)."""
+    checkpoint = find_checkpoint(save_dir)
+    if checkpoint is None:
+        return 0
+    cursor = torch.load(checkpoint / TRAINER_STATE, weights_only=False).get("cursor", {})
+    return cursor["seq"] if cursor.get("life") == life else 0

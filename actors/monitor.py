@@ -69,9 +69,11 @@ class MetricsLog:
         self.rows: list[dict] = []
         self._seen: dict[str, dict] = {}  # actor -> its CONTINUED counters in the last snapshot
         self._before: dict[str, dict] = {}  # actor -> what its dead predecessors had counted
+        self.restarts = 0
 
     def restarted(self, name: str) -> None:
         """``name`` died and was restarted: what it had counted stays in the totals (no negative rates)."""
+        self.restarts += 1
         before = self._before.setdefault(name, {})
         for key, value in self._seen.get(name, {}).items():
             before[key] = before.get(key, 0) + value
@@ -131,8 +133,8 @@ class MetricsLog:
         }
         replay = stats.get("replay", {})
         elapsed = now - self.started if self.started is not None else self._elapsed_before
-        row = {"time": now, "elapsed_s": elapsed, "version": learner["version"], **totals,
-               "trained_episodes": learner["episodes"], "learner_train_s": learner["train_s"],
+        row = {"time": now, "elapsed_s": elapsed, "version": learner["version"], **totals, "restarts": self.restarts,
+               "trained_episodes": learner["episodes"], "data_cursor": learner.get("cursor"), "learner_train_s": learner["train_s"],
                "learner_busy": learner.get("busy"),
                "rollout_idle": sum(s.get("idle_fraction", 0.0) for s in rollouts) / max(len(rollouts), 1),
                "queue_requests": sum(s.get("queued_requests", 0) for s in rollouts),

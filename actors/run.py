@@ -222,6 +222,7 @@ class Run:
             "staleness_hist": rows[-1].get("staleness_total") if rows else {},
             "rejected_episodes": rows[-1].get("rejected_episodes") if rows else 0,
             "restarts": self.restarts,
+            "life": self.top.life if hasattr(self, "top") else None,
             "evaluations": self.evaluations,
         }
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -89,3 +89,20 @@ def _read_batches(path: Path):
             return
         except (pa.ArrowInvalid, OSError) as error:  # a tail cut off by a kill: what came before is whole
             log.warning("%s: stops at a cut-off record (%s)", path, error)
+
+
+def account_episodes(run_dir: str | Path, life: str, consumed_batches: int) -> dict:
+    """Every training episode of a run's ``life`` by id: produced (the env actors' ledgers: delivered to
+    reward), consumed (in the batches the learner trained, up to ``consumed_batches``), still held by replay,
+    lost (produced and nowhere) and duplicated (trained more than once)."""
+    run_dir = Path(run_dir)
+    produced: set[str] = set()
+    for path in (run_dir / "ledger" / life).glob("*.txt"):
+        produced.update(line for line in path.read_text().splitlines() if line)
+    spill = Spill(str(run_dir / "replay" / life))
+    held, batches = spill.load()
+    trained = [i for seq, ids in batches.items() if seq <= consumed_batches for i in ids]
+    consumed = set(trained)
+    return {"produced": len(produced), "consumed": len(consumed), "held": len(set(held) - consumed),
+            "lost": len(produced - set(held) - consumed), "duplicated": len(trained) - len(consumed),
+            "unledgered": len((set(held) | consumed) - produced)}  # delivered by an env killed before it wrote
