@@ -111,6 +111,7 @@ class EnvActor:
         ):
             self._reply_to = completions.address
             self._requests = Outbox(rollout, Kind.GENERATE, self.name)
+            self._rollouts = list(peers["rollout"])
             self._episodes = Outbox(reward, Kind.EPISODES, self.name)
             self._completions = Inbox(completions, Kind.COMPLETION, Completion.from_body)
             self._nursery = nursery
@@ -138,6 +139,18 @@ class EnvActor:
         matches = ((seat, self._seats(opponent, seat, player)) for _ in range(games_per_seat) for seat in seats)
         workers = min(self.cfg.concurrency, games_per_seat * len(seats))
         self._nursery.start_soon(self._evaluate, tally, matches, workers)
+
+    def set_rollouts(self, addresses: list[str]) -> None:
+        """Send requests to these rollout actors from now on (a scale): joining ones take work at once; a
+        leaving one is sent nothing more, and what it was sent and had not acknowledged is dropped here: the
+        launcher calls ``reissue`` once it is gone, and an answer that still comes is counted once."""
+        sender = self._requests.channel
+        for address in set(self._rollouts) - set(addresses):
+            sender.disconnect(address)
+        for address in addresses:
+            if address not in self._rollouts:
+                sender.connect(address)
+        self._rollouts = list(addresses)
 
     def reissue(self) -> int:
         """Send again every generation request still unanswered (a rollout actor died with some of them;

@@ -105,6 +105,9 @@ class LocalCluster:
         actor = self.actors[name] = actor_cls(cfg, name=name)
         return self._loop.start(actor.run, self.transport, peers)
 
+    def spawn_many(self, actors: list[tuple]) -> list[dict]:
+        return [self.spawn(*actor) for actor in actors]
+
     def call(self, name: str, method: str, *args):
         return self._loop.call(getattr(self.actors[name], method), *args)
 
@@ -113,6 +116,12 @@ class LocalCluster:
 
     def is_dead(self, error: Exception) -> bool:  # one process: an actor cannot die alone
         return False
+
+    def stop(self, name: str) -> None:
+        raise NotImplementedError("run.mode=local cannot remove an actor from a running run: scale in run.mode=ray")
+
+    def set_peers(self, name: str, key: str, addresses: list[str]) -> None:
+        pass  # nothing is restarted in one process
 
     def shutdown(self) -> None:
         self._loop.stop()

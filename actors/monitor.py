@@ -51,9 +51,11 @@ class Evaluation:
         }
 
 
-# per-actor counters that a restarted actor starts again from 0, and that the run's totals continue
+# counters that a restarted env or rollout actor starts again from 0, and that the run's totals continue (a
+# restarted learner takes its own back from its checkpoint; replay and reward's are not summed into totals)
 CONTINUED = ("episodes", "train_episodes", "train_return_sum", "turns", "invalid_actions", "tokens",
              "reissued_requests", "duplicate_completions", "abandoned_stale")
+CONTINUED_KINDS = ("env", "rollout")
 
 
 class MetricsLog:
@@ -70,6 +72,7 @@ class MetricsLog:
         self._seen: dict[str, dict] = {}  # actor -> its CONTINUED counters in the last snapshot
         self._before: dict[str, dict] = {}  # actor -> what its dead predecessors had counted
         self.restarts = 0
+        self._retired_names: set[str] = set()  # actors gone for good; their counts stay in the totals
 
     def restarted(self, name: str) -> None:
         """``name`` died and was restarted: what it had counted stays in the totals (no negative rates)."""
@@ -79,11 +82,22 @@ class MetricsLog:
             before[key] = before.get(key, 0) + value
         self._seen[name] = {}
 
+    def retired(self, name: str) -> None:
+        """``name`` left the run (a scale-down): what it counted stays in the totals."""
+        self.restarted(name)
+        self.restarts -= 1
+        self._retired_names.add(name)
+
     def _continued(self, stats: dict[str, dict]) -> dict[str, dict]:
         out = {}
         for name, s in stats.items():
+            if not name.startswith(CONTINUED_KINDS):
+                out[name] = s
+                continue
             self._seen[name] = {key: s[key] for key in CONTINUED if key in s}
             out[name] = {**s, **{key: s[key] + value for key, value in self._before.get(name, {}).items() if key in s}}
+        for name in self._retired_names - set(stats):  # gone: only what it counted, under its own name
+            out[name] = {**self._before[name], "streams": {}, "retired": True}
         return out
 
     def load(self) -> float:
@@ -123,6 +137,7 @@ class MetricsLog:
         learner = stats["learner"]
         envs = [s for name, s in stats.items() if name.startswith("env")]
         rollouts = [s for name, s in stats.items() if name.startswith("rollout")]
+        live_rollouts = [s for s in rollouts if not s.get("retired")]
         totals = {
             "episodes": sum(s["episodes"] for s in envs),
             "train_episodes": sum(s.get("train_episodes", 0) for s in envs),
@@ -136,7 +151,7 @@ class MetricsLog:
         row = {"time": now, "elapsed_s": elapsed, "version": learner["version"], **totals, "restarts": self.restarts,
                "trained_episodes": learner["episodes"], "data_cursor": learner.get("cursor"), "learner_train_s": learner["train_s"],
                "learner_busy": learner.get("busy"),
-               "rollout_idle": sum(s.get("idle_fraction", 0.0) for s in rollouts) / max(len(rollouts), 1),
+               "rollout_idle": sum(s.get("idle_fraction", 0.0) for s in rollouts) / max(len(live_rollouts), 1),
                "queue_requests": sum(s.get("queued_requests", 0) for s in rollouts),
                "queue_replay": replay.get("buffered", 0),
                "live_episodes": sum(s.get("live_episodes", 0) for s in envs),

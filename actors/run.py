@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from actors.base_model import ensure_base_model, tiny_model_config
 from actors.monitor import Evaluation, MetricsLog, plot_learning_curve
 
 log = logging.getLogger(__name__)
+SCALABLE = ("rollout",)
 
 
 class Run:
@@ -32,6 +35,20 @@ class Run:
         self.restarts: dict[str, int] = {}  # actor -> times restarted after it died
         self.training = False  # env actors may start training episodes (a restarted one is told again)
         self.open_evaluations: list[Evaluation] = []  # under way: a restarted env actor plays its share again
+        self.scale_requests: queue.Queue = queue.Queue()  # (kind, count), from any thread: see ``scale``
+        self.scale_events: list[dict] = []
+        self._rollouts_made = 0  # rollout actors ever started: a joining one gets a name never used
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidal-scale")
+        self._joining: Future | None = None  # rollout actors starting for the scale to ``_target``
+        self._target = 0
+
+    def scale(self, kind: str, count: int) -> None:
+        """Ask for ``count`` actors of ``kind`` (rollout); applied by the run's loop at its next round."""
+        if kind not in SCALABLE:
+            raise ValueError(f"cannot scale {kind!r}: scalable kinds are {', '.join(SCALABLE)}")
+        if not isinstance(count, int) or count < 1:
+            raise ValueError(f"scale {kind}={count!r}: the count must be an integer >= 1")
+        self.scale_requests.put((kind, count))
 
     def model_path(self) -> Path:
         model = self.cfg["model"]
@@ -45,7 +62,7 @@ class Run:
     def execute(self) -> dict:
         from actors.launcher import build_topology, open_cluster
 
-        model_path = self.model_path()
+        model_path = self._model_path = self.model_path()
         cluster = open_cluster(self.cfg)
         interrupted = False
         try:
@@ -62,6 +79,7 @@ class Run:
             interrupted = True
             log.warning("interrupted: stopping the run and writing what it measured")
         finally:
+            self._spawner.shutdown(wait=True)
             cluster.shutdown()
         return self._summarize(interrupted)
 
@@ -102,7 +120,7 @@ class Run:
     def _restart_rollout(self, name: str) -> None:
         """At its old address; the env actors send again their unanswered requests (which only it knew)."""
         self.cluster.restart(name)
-        reissued = sum(self.cluster.call(env, "reissue") for env in self.top.envs)
+        reissued = sum(self._call_unless_dead(env, "reissue") or 0 for env in self.top.envs)
         log.warning("%s restarted; %d unanswered generation requests sent again", name, reissued)
 
     def _restart_env(self, name: str) -> None:
@@ -127,11 +145,16 @@ class Run:
         self._rewind_replay(started["cursor"])
 
     def _rewind_replay(self, cursor: int) -> None:
+        self._call_unless_dead(self.top.replay, "rewind", cursor)  # dead too: its own restart rewinds it
+
+    def _call_unless_dead(self, name: str, method: str, *args):
+        """Call ``name``; if it died, None: the next health check restarts it, and the restart sees to it."""
         try:
-            self.cluster.call(self.top.replay, "rewind", cursor)
-        except Exception as error:  # replay is dead too: its own restart rewinds it
+            return self.cluster.call(name, method, *args)
+        except Exception as error:
             if not self.cluster.is_dead(error):
                 raise
+            return None
 
     def _set_training(self, on: bool) -> None:
         self.training = on
@@ -147,6 +170,51 @@ class Run:
         if result is not None:
             self.open_evaluations.remove(evaluation)
         return result
+
+    def _apply_scaling(self) -> None:
+        """Carry out the scale requests, one at a time. Joining actors start in a thread (loading a model takes
+        seconds): the run's loop goes on meanwhile, and connects them once they are up."""
+        if self._joining is not None:
+            if not self._joining.done():
+                return
+            self._joining.result()  # raises what a failed start raised
+            self._joining = None
+            self._set_rollouts(self._target)
+        while self._joining is None and not self.scale_requests.empty():
+            kind, count = self.scale_requests.get()
+            before, self._target = len(self.top.rollouts), count
+            self.scale_events.append({"time": time.time(), "kind": kind, "from": before, "to": count})
+            log.warning("scaling %s actors from %d to %d", kind, before, count)
+            if count > before:
+                self._joining = self._spawner.submit(self._start_rollouts, count - before)
+            else:
+                self._set_rollouts(count)
+
+    def _start_rollouts(self, joining: int) -> None:
+        from actors.launcher import spawn_rollouts
+
+        made = max(self._rollouts_made, len(self.top.rollouts))
+        self._rollouts_made = made + joining
+        spawn_rollouts(self.cluster, self.cfg, self._model_path, self.top, range(made, self._rollouts_made))
+
+    def _set_rollouts(self, count: int) -> None:
+        """Env actors send to the first ``count`` rollout actors (joining ones take the latest weights, which
+        the learner announces every second); the others go: once they are gone, env actors send again what they
+        left unanswered (an answer that still comes is counted once)."""
+        top = self.top
+        leaving, top.rollouts = top.rollouts[count:], top.rollouts[:count]
+        addresses = [top.requests[name] for name in top.rollouts]
+        for env in top.envs:
+            self.cluster.set_peers(env, "rollout", addresses)  # first: a restart connects to these
+            self._call_unless_dead(env, "set_rollouts", addresses)
+        for name in leaving:
+            self.cluster.stop(name)
+            top.requests.pop(name)
+            self.metrics.retired(name)
+        if leaving:
+            reissued = sum(self._call_unless_dead(env, "reissue") or 0 for env in top.envs)
+            log.warning("%d unanswered generation requests of the leaving rollout actors sent again", reissued)
+        log.warning("%d rollout actors serve the env actors", count)
 
     def _evaluate_now(self, tag: str, games: int) -> dict:
         evaluation = self._evaluation(tag, games)
@@ -172,6 +240,7 @@ class Run:
         pending, next_eval, rounds = None, self.started + ev["every_s"], 0
         while (elapsed := time.time() - self.started) < budget:
             time.sleep(min(run["log_every_s"], max(budget - elapsed, 0.05)))
+            self._apply_scaling()
             stats = self._stats()
             if pending is not None and (result := self._result(pending, stats)) is not None:
                 self._record(result, stats)  # writes this round's metrics row too
@@ -222,6 +291,7 @@ class Run:
             "staleness_hist": rows[-1].get("staleness_total") if rows else {},
             "rejected_episodes": rows[-1].get("rejected_episodes") if rows else 0,
             "restarts": self.restarts,
+            "scale_events": self.scale_events,
             "life": self.top.life if hasattr(self, "top") else None,
             "evaluations": self.evaluations,
         }
