@@ -1,5 +1,6 @@
-"""Faults on the real path: one actor of every kind killed with SIGKILL mid-run is restarted, the run goes on,
-and every training episode is accounted for by id: none lost, none trained twice."""
+"""Faults on the real path, a small chaos run: one actor of every kind killed with SIGKILL mid-run is restarted,
+rollout actors are scaled 2 -> 3 -> 1 meanwhile, the run goes on, and every training episode is accounted for
+by id: none lost, none trained twice. (`benchmarks/chaos.py --quick`, the bigger one, is in the slow suite.)"""
 
 import json
 import os
@@ -8,8 +9,8 @@ import threading
 
 import pytest
 
-from actors.launcher import launch
 from actors.learner import checkpoint_cursor
+from actors.run import Run
 from actors.spill import account_episodes
 from tests.integration.test_local_topology import wait_for
 from tests.integration.topology import small_config
@@ -17,6 +18,7 @@ from tests.integration.topology import small_config
 pytestmark = pytest.mark.ray
 
 VICTIMS = ["reward", "replay", "learner", "env-0", "rollout-0"]
+SCALES = {"reward": 3, "env-0": 1}  # rollout actors asked for just before killing these
 
 
 def test_every_kind_killed_is_restarted_and_no_episode_is_lost_or_trained_twice(ray_session, tiny_model_dir,
@@ -24,8 +26,8 @@ def test_every_kind_killed_is_restarted_and_no_episode_is_lost_or_trained_twice(
     cfg = small_config(tmp_path, **{"model.path": tiny_model_dir, "run.max_versions": 12, "run.minutes": 6,
                                     "run.log_every_s": 0.5, "rollout.count": 2, "env.count": 2,
                                     "learner.checkpoint_every": 3, "run.ledger": True})
-    outcome = {}
-    runner = threading.Thread(target=lambda: outcome.setdefault("summary", launch(cfg)))
+    outcome, run = {}, Run(cfg)
+    runner = threading.Thread(target=lambda: outcome.setdefault("summary", run.execute()))
     runner.start()
     metrics = tmp_path / "test" / "metrics.jsonl"
 
@@ -38,6 +40,8 @@ def test_every_kind_killed_is_restarted_and_no_episode_is_lost_or_trained_twice(
             # the previous victim is back and learning goes on (a restarted learner retrains to where it was)
             wait_for(lambda: last_row()["restarts"] == killed and last_row()["version"] >= killed + 2,
                      f"progress before killing {victim}", timeout=240)
+            if victim in SCALES:
+                run.scale("rollout", SCALES[victim])
             actor = ray_session.get_actor(victim)
             os.kill(ray_session.get(actor.pid.remote()), signal.SIGKILL)
     finally:
@@ -45,6 +49,8 @@ def test_every_kind_killed_is_restarted_and_no_episode_is_lost_or_trained_twice(
     summary = outcome["summary"]
     assert not summary["interrupted"] and summary["restarts"] == dict.fromkeys(VICTIMS, 1)
     assert summary["final_version"] >= 12 and summary["final_nonloss"] is not None
+    assert [(e["from"], e["to"]) for e in summary["scale_events"]] == [(2, 3), (3, 1)]
+    assert run.top.rollouts == ["rollout-0"]
     run = tmp_path / "test"
     accounts = account_episodes(run, summary["life"], checkpoint_cursor(run / "policy", summary["life"]))
     assert accounts["lost"] == 0 and accounts["duplicated"] == 0, accounts
