@@ -97,7 +97,7 @@ class MetricsLog:
             self._seen[name] = {key: s[key] for key in CONTINUED if key in s}
             out[name] = {**s, **{key: s[key] + value for key, value in self._before.get(name, {}).items() if key in s}}
         for name in self._retired_names - set(stats):  # gone: only what it counted, under its own name
-            out[name] = {**self._before[name], "streams": {}, "retired": True}
+            out[name] = {**dict.fromkeys(CONTINUED, 0), **self._before[name], "streams": {}, "retired": True}
         return out
 
     def load(self) -> float:

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 from actors.base_model import ensure_base_model, tiny_model_config
+from actors.control import ControlServer
 from actors.monitor import Evaluation, MetricsLog, plot_learning_curve
 
 log = logging.getLogger(__name__)
@@ -42,13 +43,17 @@ class Run:
         self._joining: Future | None = None  # rollout actors starting for the scale to ``_target``
         self._target = 0
 
-    def scale(self, kind: str, count: int) -> None:
-        """Ask for ``count`` actors of ``kind`` (rollout); applied by the run's loop at its next round."""
+    def scale(self, kind: str, count: int) -> int:
+        """Ask for ``count`` actors of ``kind`` (rollout); applied by the run's loop at its next round. Returns
+        how many it runs now. Any thread may call it (the control endpoint's does)."""
         if kind not in SCALABLE:
-            raise ValueError(f"cannot scale {kind!r}: scalable kinds are {', '.join(SCALABLE)}")
-        if not isinstance(count, int) or count < 1:
+            raise ValueError(f"cannot scale {kind!r} actors: only {', '.join(SCALABLE)} can be scaled so far")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ValueError(f"scale {kind}={count!r}: the count must be an integer >= 1")
+        if self.cfg["run"]["mode"] != "ray":
+            raise ValueError("scaling needs run.mode=ray (in one process no actor can leave)")
         self.scale_requests.put((kind, count))
+        return len(self.top.rollouts) if hasattr(self, "top") else 0
 
     def model_path(self) -> Path:
         model = self.cfg["model"]
@@ -64,10 +69,12 @@ class Run:
 
         model_path = self._model_path = self.model_path()
         cluster = open_cluster(self.cfg)
-        interrupted = False
+        interrupted, control = False, None
         try:
             self.top = build_topology(cluster, self.cfg, model_path, self.dir)
             self.cluster = cluster
+            if self.cfg["run"]["mode"] == "ray":  # `tidal scale` reaches the run here
+                control = ControlServer(self.dir, self.scale)
             self._evaluate_now("resume" if self.resumed else "start", self.cfg["eval"]["endpoint_games_per_seat"])
             # minute 0 of the curves: training starts (a resumed run goes on from where its metrics stopped)
             self.started = self.metrics.started = time.time() - self.offset_s
@@ -79,6 +86,8 @@ class Run:
             interrupted = True
             log.warning("interrupted: stopping the run and writing what it measured")
         finally:
+            if control is not None:
+                control.close()
             self._spawner.shutdown(wait=True)
             cluster.shutdown()
         return self._summarize(interrupted)

@@ -1,5 +1,5 @@
 """Faults on the real path, a small chaos run: one actor of every kind killed with SIGKILL mid-run is restarted,
-rollout actors are scaled 2 -> 3 -> 1 meanwhile, the run goes on, and every training episode is accounted for
+rollout actors are scaled 2 -> 3 -> 1 meanwhile (through the run's control endpoint), the run goes on, and every training episode is accounted for
 by id: none lost, none trained twice. (`benchmarks/chaos.py --quick`, the bigger one, is in the slow suite.)"""
 
 import json
@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from actors.control import send_scale
 from actors.learner import checkpoint_cursor
 from actors.run import Run
 from actors.spill import account_episodes
@@ -32,6 +33,7 @@ def test_every_kind_killed_is_restarted_and_no_episode_is_lost_or_trained_twice(
     metrics = tmp_path / "test" / "metrics.jsonl"
 
     def last_row() -> dict:
+        assert runner.is_alive(), "the run ended early"
         lines = metrics.read_text().splitlines() if metrics.exists() else []
         return json.loads(lines[-1]) if lines else {"version": 0, "restarts": 0}
 
@@ -40,8 +42,8 @@ def test_every_kind_killed_is_restarted_and_no_episode_is_lost_or_trained_twice(
             # the previous victim is back and learning goes on (a restarted learner retrains to where it was)
             wait_for(lambda: last_row()["restarts"] == killed and last_row()["version"] >= killed + 2,
                      f"progress before killing {victim}", timeout=240)
-            if victim in SCALES:
-                run.scale("rollout", SCALES[victim])
+            if victim in SCALES:  # as `tidal scale rollout=N` does: through the run's control endpoint
+                assert send_scale(run.dir, "rollout", SCALES[victim]).ok
             actor = ray_session.get_actor(victim)
             os.kill(ray_session.get(actor.pid.remote()), signal.SIGKILL)
     finally:
