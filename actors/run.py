@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
+from actors.autoscale import AutoscaleConfig, autoscale_target
 from actors.base_model import ensure_base_model, tiny_model_config
 from actors.control import ControlServer
 from actors.monitor import Evaluation, MetricsLog, plot_learning_curve
@@ -42,6 +43,10 @@ class Run:
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidal-scale")
         self._joining: Future | None = None  # rollout actors starting for the scale to ``_target``
         self._target = 0
+        self.autoscale = AutoscaleConfig(**cfg["rollout"].get("autoscale", {}))
+        if self.autoscale.enabled and run["mode"] != "ray":
+            raise ValueError("rollout.autoscale.enabled needs run.mode=ray (in one process no actor can leave)")
+        self._autoscale_history: list[tuple[int, float]] = []
 
     def scale(self, kind: str, count: int) -> int:
         """Ask for ``count`` actors of ``kind`` (rollout); applied by the run's loop at its next round. Returns
@@ -199,6 +204,19 @@ class Run:
             else:
                 self._set_rollouts(count)
 
+    def _autoscale(self, row: dict) -> None:
+        """With ``rollout.autoscale.enabled``: one step towards the rollout actors the queue asks for."""
+        if not self.autoscale.enabled or self._joining is not None or not self.scale_requests.empty():
+            return
+        self._autoscale_history.append((row.get("queue_requests", 0), row.get("rollout_idle", 0.0)))
+        actors = len(self.top.rollouts)
+        target = autoscale_target(self.autoscale, actors, self._autoscale_history)
+        if target != actors:
+            log.warning("autoscale: %d rollout actors -> %d (requests waiting, idle: %s)", actors, target,
+                        self._autoscale_history[-self.autoscale.patience:])
+            self.scale("rollout", target)
+            self._autoscale_history = []
+
     def _start_rollouts(self, joining: int) -> None:
         from actors.launcher import spawn_rollouts
 
@@ -257,6 +275,7 @@ class Run:
             else:
                 self.metrics.snapshot(stats)
             row = self.metrics.rows[-1]
+            self._autoscale(row)
             if pending is None and ev["every_s"] and time.time() >= next_eval:
                 rounds += 1
                 pending = self._evaluation(f"during-{rounds}", ev["games_per_seat"])
