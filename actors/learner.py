@@ -236,7 +236,8 @@ class LearnerActor:
         last = self.history[-1] if self.history else {}
         wall = time.perf_counter() - self._first_batch_at if self._first_batch_at else 0.0
         busy = min((self._totals["train_s"] - self._resumed_train_s) / wall, 1.0) if wall > 0 else 0.0
-        return {**self._totals, **self._out_of_order, "version": self.version, "cursor": self.cursor, "last": last, "dropped_frames": dropped, "busy": busy,
+        return {**self._totals, **self._out_of_order, "version": self.version, "cursor": self.cursor, "last": last,
+                "dropped_frames": dropped, "busy": busy,
                 "staleness_hist": {str(k): self._staleness[k] for k in sorted(self._staleness)},
                 "weights": self._weights.stats if self._weights else {},
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}

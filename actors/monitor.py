@@ -149,7 +149,8 @@ class MetricsLog:
         replay = stats.get("replay", {})
         elapsed = now - self.started if self.started is not None else self._elapsed_before
         row = {"time": now, "elapsed_s": elapsed, "version": learner["version"], **totals, "restarts": self.restarts,
-               "trained_episodes": learner["episodes"], "data_cursor": learner.get("cursor"), "learner_train_s": learner["train_s"],
+               "trained_episodes": learner["episodes"], "data_cursor": learner.get("cursor"),
+               "learner_train_s": learner["train_s"],
                "learner_busy": learner.get("busy"),
                "rollout_idle": sum(s.get("idle_fraction", 0.0) for s in rollouts) / max(len(live_rollouts), 1),
                "queue_requests": sum(s.get("queued_requests", 0) for s in rollouts),

@@ -13,7 +13,8 @@ receiver's first acknowledgement says), and waits for credit when every link is 
 window, and always before it waits for more. A receiver opened with ``ack_when_done`` hands a message over
 unacknowledged and counts it done only when its actor asks for the next one: an actor that keeps what it receives
 (replay spills it to disk) or passes it on (reward, once the next actor has acknowledged it) loses nothing
-acknowledged when it is killed, and its successor is sent again what it had not finished. Nothing is dropped at a high-water mark (the credits bound
+acknowledged when it is killed, and its successor is sent again what it had not finished (and, if the connection
+dropped while the last acknowledgement was on its way, the message before it: such consumers drop copies by id). Nothing is dropped at a high-water mark (the credits bound
 every queue). When a link's connection drops (the receiver restarted, or the network failed), the sender
 opens a fresh socket and sends again everything not yet acknowledged; the receiver drops (and counts) what
 it already delivered, so nothing acknowledged is lost and nothing is delivered twice.

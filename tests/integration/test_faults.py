@@ -1,6 +1,7 @@
 """Faults on the real path, a small chaos run: one actor of every kind killed with SIGKILL mid-run is restarted,
-rollout actors are scaled 2 -> 3 -> 1 meanwhile (through the run's control endpoint), the run goes on, and every training episode is accounted for
-by id: none lost, none trained twice. (`benchmarks/chaos.py --quick`, the bigger one, is in the slow suite.)"""
+rollout actors are scaled 2 -> 3 -> 1 meanwhile (through the run's control endpoint), the run goes on, and every
+training episode is accounted for by id: none lost, none trained twice. (`benchmarks/chaos.py --quick`, the
+bigger one, is in the slow suite.)"""
 
 import json
 import os

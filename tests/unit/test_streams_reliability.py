@@ -215,9 +215,13 @@ def test_a_receiver_acknowledging_when_done_lets_a_successor_have_what_it_was_wo
                 for i in range(3):
                     await sender.send(numbered(i))
                 assert await receive_numbers(first, 2) == [0, 1]  # 0 is done; 1 is handed, not done
-            # closed while working on 1 (acknowledging only 0): its successor gets 1 again, and 2, and not 0
+            # closed while working on 1, acknowledging only 0: its successor gets 1 again, and 2. (0 too, when
+            # the sender saw the connection drop before that last ack: at least once, so consumers drop copies.)
             async with transport.open_receiver(capacity=8, address=address, ack_when_done=True) as second:
-                assert await receive_numbers(second, 2) == [1, 2]
+                got = await receive_numbers(second, 2)
+                if got[0] == 0:
+                    got = got[1:] + await receive_numbers(second, 1)
+                assert got == [1, 2]
                 await assert_quiet(second)
 
     trio.run(test)
