@@ -55,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     show = commands.add_parser("config", help="print the composed config")
     show.add_argument("overrides", nargs="*")
     commands.add_parser("envs", help="list the environments and opponents (env.args.env_name=<name>)")
+    scale = commands.add_parser("scale", help="change how many actors of a kind a running run has: rollout=4")
+    scale.add_argument("counts", nargs="+", help="<kind>=<count>, e.g. rollout=4")
+    scale.add_argument("--run", help="the run directory (default: the latest running run under runs/)")
     args = parser.parse_args(argv)
+    if args.command == "scale":
+        return scale_command(args.counts, args.run)
     if args.command == "envs":
         from envs.registry import listing
 
@@ -78,6 +83,31 @@ def main(argv: list[str] | None = None) -> int:
     summary = run_launch(cfg)
     print_summary(summary)
     return 130 if summary["interrupted"] else 0
+
+
+def scale_command(counts: list[str], run_dir: str | None) -> int:
+    """``tidal scale rollout=4``: ask a running run for that many actors; prints its answer."""
+    from actors.control import latest_run, send_scale
+
+    try:
+        wanted = [parse_count(c) for c in counts]
+        run = Path(run_dir) if run_dir else latest_run("runs")
+        for actor, count in wanted:
+            answer = send_scale(run, actor, count)
+            print(f"{run}: {answer.message}" + (f" (from {answer.actors})" if answer.ok else ""))
+            if not answer.ok:
+                return 1
+    except (ValueError, OSError) as error:
+        print(f"tidal scale: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def parse_count(text: str) -> tuple[str, int]:
+    actor, _, count = text.partition("=")
+    if not actor or not count.isdigit():
+        raise ValueError(f"{text!r}: expected <kind>=<count>, e.g. rollout=4")
+    return actor, int(count)
 
 
 def print_summary(summary: dict) -> None:

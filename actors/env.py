@@ -16,6 +16,12 @@ those weights rather than sample with older ones, so with max_staleness = 0 trai
 
 Evaluation episodes seat the policy against a fixed opponent in each seat in turn; their results are kept
 in ``statistics()["evaluations"]`` and never trained on.
+
+A restarted env actor (``incarnation`` > 0) names its episodes and requests apart from its predecessor's (an
+answer to a dead actor's request is dropped as a stray), and counts as started what its predecessors delivered
+(``started_before``, from replay): their episodes still in flight died with them and are replaced by new ones.
+With a ``ledger_dir`` each training episode's id is appended to ``<ledger_dir>/<name>.txt`` once the reward actor
+has acknowledged it: the chaos benchmark's record of what was produced.
 """
 
 from __future__ import annotations
@@ -63,12 +69,16 @@ class EnvConfig:
     opponent: str = "random"  # the fixed opponent of the training games below
     opponent_share: float = 0.0  # fraction of training games against ``opponent`` instead of the mirror
     seed: int = 0
+    incarnation: int = 0  # how many times this actor was restarted in its run
+    started_before: int = 0  # training episodes its predecessors delivered in this run (a restart's admission)
+    ledger_dir: str | None = None  # append each delivered training episode's id here (accounting)
 
 
 class EnvActor:
     def __init__(self, cfg: EnvConfig, name: str = "env"):
         self.cfg, self.name = cfg, name
-        self._ids = itertools.count()
+        self._ids = itertools.count()  # episodes: "<name>-<incarnation>-<n>"
+        self._request_ids = itertools.count(cfg.incarnation << 40)  # apart from any predecessor's
         self._rng = random.Random(cfg.seed)
         self._waiting: dict[int, tuple[trio.Event, list, bytes]] = {}  # request id -> (done, completion, request)
         self._evaluations: dict[str, EvaluationTally] = {}
@@ -79,7 +89,7 @@ class EnvActor:
                        "abandoned_stale": 0, "reissued_requests": 0, "duplicate_completions": 0,
                        "refused_generations": 0}
         # Training episodes started and not dropped; a resumed run counts the episodes its learner consumed.
-        self._started = self._share(cfg.start_version * cfg.batch_episodes)
+        self._started = self._share(cfg.start_version * cfg.batch_episodes) + cfg.started_before
         self.learner_version = cfg.start_version
         self._idle_games = [self._make_game()]  # also checks env_name and env_args now
         self._return_sums = [0.0] * self._idle_games[0].num_players
@@ -102,6 +112,7 @@ class EnvActor:
         ):
             self._reply_to = completions.address
             self._requests = Outbox(rollout, Kind.GENERATE, self.name)
+            self._rollouts = list(peers["rollout"])
             self._episodes = Outbox(reward, Kind.EPISODES, self.name)
             self._completions = Inbox(completions, Kind.COMPLETION, Completion.from_body)
             self._nursery = nursery
@@ -129,6 +140,18 @@ class EnvActor:
         matches = ((seat, self._seats(opponent, seat, player)) for _ in range(games_per_seat) for seat in seats)
         workers = min(self.cfg.concurrency, games_per_seat * len(seats))
         self._nursery.start_soon(self._evaluate, tally, matches, workers)
+
+    def set_rollouts(self, addresses: list[str]) -> None:
+        """Send requests to these rollout actors from now on (a scale): joining ones take work at once; a
+        leaving one is sent nothing more, and what it was sent and had not acknowledged is dropped here: the
+        launcher calls ``reissue`` once it is gone, and an answer that still comes is counted once."""
+        sender = self._requests.channel
+        for address in set(self._rollouts) - set(addresses):
+            sender.disconnect(address)
+        for address in addresses:
+            if address not in self._rollouts:
+                sender.connect(address)
+        self._rollouts = list(addresses)
 
     def reissue(self) -> int:
         """Send again every generation request still unanswered (a rollout actor died with some of them;
@@ -203,10 +226,17 @@ class EnvActor:
                 self._stats["train_episodes"] += 1
                 self._stats["train_return_sum"] += sum(policy_returns) / len(policy_returns)
                 await self._episodes.send(encode_table(trajectory_table(played[0])))
+                if self.cfg.ledger_dir and played[0]:
+                    await self._record_delivery(played[0][0][Columns.EPISODE_ID])
             else:  # errored or abandoned: it will never be consumed, so it gives its admission back
                 self._started -= 1
         finally:
             slots.release()
+
+    async def _record_delivery(self, episode_id: str) -> None:
+        await self._episodes.channel.drain()  # the reward actor has it, and replay before it acknowledged
+        with open(f"{self.cfg.ledger_dir}/{self.name}.txt", "a") as f:
+            f.write(episode_id + "\n")
 
     async def _evaluate(self, tally: EvaluationTally, matches: Iterator[tuple[int, list[str]]], workers: int) -> None:
         """``workers`` long-lived tasks share ``matches``: each plays the next one as soon as its game ends, so
@@ -235,7 +265,7 @@ class EnvActor:
         None: the environment raised, or (with ``staleness_bound``) the episode fell so far behind the learner
         that the learner would reject it; it is abandoned at once rather than played to the end for nothing.
         """
-        episode_id = f"{self.name}-{next(self._ids)}"
+        episode_id = f"{self.name}-{self.cfg.incarnation}-{next(self._ids)}"
         try:
             return await self._play_episode(episode_id, seats, seed, staleness_bound)
         except _FellBehind:
@@ -321,7 +351,7 @@ class EnvActor:
         }
 
     async def _generate(self, prompt_ids: list[int], max_tokens: int) -> Completion:
-        request_id = next(self._ids)
+        request_id = next(self._request_ids)
         done, slot = trio.Event(), []
         body = GenerationRequest(request_id, self._reply_to, self.cfg.policy_id, prompt_ids,
                                  self.cfg.temperature, max_tokens, self.learner_version).to_body()

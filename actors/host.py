@@ -64,15 +64,21 @@ class _LoopThread:
 class ActorHost:
     """One actor in this process, its loop in a thread, its streams on ZeroMQ. Ray wraps this class."""
 
-    def __init__(self, actor_cls, cfg, name: str, host: str = "127.0.0.1", curve_dir: str | None = None):
+    def __init__(self, actor_cls, cfg, name: str, host: str = "127.0.0.1", curve_dir: str | None = None,
+                 rebind: list[str] = ()):
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
         self.actor = actor_cls(cfg, name=name)
-        self.transport = ZmqTransport(host=host, curve=CurveKeys.load(curve_dir) if curve_dir else None)
+        self.transport = ZmqTransport(host=host, curve=CurveKeys.load(curve_dir) if curve_dir else None,
+                                      rebind=rebind)
         self._loop = _LoopThread(name)
 
     def start(self, peers: dict) -> dict:
         """Bind, connect to ``peers`` and start serving; returns this actor's addresses."""
         return self._loop.start(self.actor.run, self.transport, peers)
+
+    def bound(self) -> list[str]:
+        """The addresses this actor bound, in order: a restarted one binds them again (``rebind``)."""
+        return list(self.transport.bound)
 
     def call(self, method: str, *args):
         return self._loop.call(getattr(self.actor, method), *args)
@@ -99,6 +105,9 @@ class LocalCluster:
         actor = self.actors[name] = actor_cls(cfg, name=name)
         return self._loop.start(actor.run, self.transport, peers)
 
+    def spawn_many(self, actors: list[tuple]) -> list[dict]:
+        return [self.spawn(*actor) for actor in actors]
+
     def call(self, name: str, method: str, *args):
         return self._loop.call(getattr(self.actors[name], method), *args)
 
@@ -107,6 +116,12 @@ class LocalCluster:
 
     def is_dead(self, error: Exception) -> bool:  # one process: an actor cannot die alone
         return False
+
+    def stop(self, name: str) -> None:
+        raise NotImplementedError("run.mode=local cannot remove an actor from a running run: scale in run.mode=ray")
+
+    def set_peers(self, name: str, key: str, addresses: list[str]) -> None:
+        pass  # nothing is restarted in one process
 
     def shutdown(self) -> None:
         self._loop.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,25 +41,47 @@ class RayCluster:
             kwargs = {"num_cpus": num_cpus} if address is None else {"address": address}
             ray.init(include_dashboard=False, logging_level=logging.WARNING, **kwargs)
         self.handles: dict[str, object] = {}
-        self.specs: dict[str, tuple] = {}  # name -> (class, config, peers, addresses): what a restart needs
+        self.specs: dict[str, tuple] = {}  # name -> (class, config, peers, bound addresses): what a restart needs
         # num_cpus=0: actors share the machine's cores; Ray only places and supervises them.
         self._remote_host = ray.remote(num_cpus=0, max_concurrency=4)(ActorHost)
 
-    def spawn(self, name: str, actor_cls, cfg, peers: dict) -> dict:
-        handle = self._remote_host.options(name=name).remote(actor_cls, cfg, name, self.host, self.curve_dir)
-        self.handles[name] = handle
-        addresses = self.ray.get(handle.start.remote(peers))
-        self.specs[name] = (actor_cls, cfg, peers, addresses)
+    def spawn(self, name: str, actor_cls, cfg, peers: dict, rebind: list[str] = ()) -> dict:
+        return self.spawn_many([(name, actor_cls, cfg, peers)], rebind)[0]
+
+    def spawn_many(self, actors: list[tuple], rebind: list[str] = ()) -> list[dict]:
+        """Start ``(name, class, config, peers)`` actors side by side (their processes load at once); their
+        addresses, in order."""
+        starting = []
+        for name, actor_cls, cfg, peers in actors:
+            handle = self._remote_host.options(name=name).remote(actor_cls, cfg, name, self.host, self.curve_dir,
+                                                                  rebind)
+            self.handles[name] = handle
+            starting.append(handle.start.remote(peers))
+        addresses = self.ray.get(starting)
+        for name, actor_cls, cfg, peers in actors:
+            self.specs[name] = (actor_cls, cfg, peers, self.ray.get(self.handles[name].bound.remote()))
         return addresses
 
-    def restart(self, name: str) -> dict:
-        """Start a dead actor again, with its config and peers, at its old addresses (those who send to it
-        reconnect by themselves and send again what it had not acknowledged)."""
-        actor_cls, cfg, peers, addresses = self.specs[name]
+    def restart(self, name: str, **changes) -> dict:
+        """Start a dead actor again, with its config (``changes`` replaced) and peers, at its old addresses
+        (those who send to it reconnect by themselves and send again what it had not acknowledged)."""
+        actor_cls, cfg, peers, bound = self.specs[name]
         self.ray.kill(self.handles.pop(name), no_restart=True)  # if it is not quite dead yet
-        if "requests" in addresses:
-            cfg = dataclasses.replace(cfg, address=addresses["requests"])
-        return self.spawn(name, actor_cls, cfg, peers)
+        return self.spawn(name, actor_cls, dataclasses.replace(cfg, **changes), peers, rebind=bound)
+
+    def stop(self, name: str) -> None:
+        """Stop one actor (scale-down): its loop is cancelled, then its process ends."""
+        handle = self.handles.pop(name)
+        self.specs.pop(name)
+        try:
+            self.ray.get(handle.stop.remote(), timeout=30)
+        except Exception as error:  # a dead actor cannot stop; it is gone all the same
+            log.warning("%s did not stop cleanly: %s", name, error)
+        self.ray.kill(handle)
+
+    def set_peers(self, name: str, key: str, addresses: list[str]) -> None:
+        """What a restart of ``name`` connects to under ``key`` from now on (the rollout actors after a scale)."""
+        self.specs[name][2][key] = list(addresses)
 
     def is_dead(self, error: Exception) -> bool:
         return isinstance(error, self.ray.exceptions.RayActorError)
@@ -88,6 +111,9 @@ class Topology:
     reward: str = "reward"
     rollouts: list[str] = field(default_factory=list)
     envs: list[str] = field(default_factory=list)
+    life: str = ""  # this start of the run (a resumed run is a new life): replay's spill and the data cursor
+    weights: str = ""  # the learner's publisher: versions and weight manifests
+    requests: dict[str, str] = field(default_factory=dict)  # rollout actor -> where it takes requests
 
     def names(self) -> list[str]:
         return [self.learner, self.replay, self.reward, *self.rollouts, *self.envs]
@@ -99,25 +125,24 @@ def build_topology(cluster, cfg: dict, model_path: str | Path, run_dir: Path) ->
     episodes: env -> reward -> replay -> learner;  weights: learner -> rollout;  versions: learner -> env;
     generation: env -> rollout (requests) and rollout -> env (completions, to the address in the request).
     """
-    model_path, top = str(model_path), Topology()
+    model_path, top = str(model_path), Topology(life=time.strftime("%Y%m%d-%H%M%S"))
     sampling = cfg["sampling"]
     learner = cluster.spawn(top.learner, LearnerActor, LearnerConfig(
         model_path=model_path, temperature=sampling["temperature"], save_dir=str(run_dir / "policy"),
         max_staleness=cfg["learner"]["max_staleness"], seed=cfg["run"]["seed"],
         checkpoint_every=cfg["learner"].get("checkpoint_every", 0), resume=bool(cfg.get("resume")),
-        **cfg["learner"]["args"]), peers={})
-    replay = cluster.spawn(top.replay, ReplayActor, ReplayConfig(**cfg["replay"]["args"]),
+        data_life=top.life, **cfg["learner"]["args"]), peers={})
+    spill = str(run_dir / "replay" / top.life) if cfg["replay"].get("spill") else None
+    replay = cluster.spawn(top.replay, ReplayActor, ReplayConfig(spill_dir=spill, **cfg["replay"]["args"]),
                            peers={"learner": [learner["batches"]]})
+    ledger = run_dir / "ledger" / top.life if cfg["run"].get("ledger") else None
+    if ledger:
+        ledger.mkdir(parents=True, exist_ok=True)
     reward = cluster.spawn(top.reward, RewardActor, RewardConfig(**cfg["reward"]["args"]),
                            peers={"replay": [replay["episodes"]]})
-    rollout_addresses = []
-    for i in range(cfg["rollout"]["count"]):
-        top.rollouts.append(f"rollout-{i}")
-        rollout = cluster.spawn(top.rollouts[-1], RolloutActor, RolloutConfig(
-            model_path=model_path, backend=cfg["rollout"]["backend"], seed=cfg["run"]["seed"] + i,
-            **cfg["rollout"]["args"]),
-            peers={"weights": [learner["weights"]]})
-        rollout_addresses.append(rollout["requests"])
+    top.weights = learner["weights"]
+    spawn_rollouts(cluster, cfg, model_path, top, range(cfg["rollout"]["count"]))
+    rollout_addresses = list(top.requests.values())
     envs = cfg["env"]["count"]
     for i in range(envs):
         top.envs.append(f"env-{i}")
@@ -126,9 +151,21 @@ def build_topology(cluster, cfg: dict, model_path: str | Path, run_dir: Path) ->
             max_new_tokens=sampling["max_new_tokens"], max_staleness=cfg["learner"]["max_staleness"],
             batch_episodes=cfg["replay"]["args"]["batch_episodes"], admission_slot=(i, envs),
             start_version=learner["version"],
-            seed=cfg["run"]["seed"] * 1000 + i, **cfg["env"]["args"]),
+            seed=cfg["run"]["seed"] * 1000 + i, ledger_dir=str(ledger) if ledger else None, **cfg["env"]["args"]),
             peers={"rollout": rollout_addresses, "reward": [reward["episodes"]], "versions": [learner["weights"]]})
     return top
+
+
+def spawn_rollouts(cluster, cfg: dict, model_path: str, top: Topology, indices) -> None:
+    """Start rollout actors ``rollout-<i>`` side by side (at the start, or joining a run: each takes the latest
+    weights, which the learner announces every second); ``top`` gets their names and request addresses."""
+    names = [f"rollout-{i}" for i in indices]
+    started = cluster.spawn_many([(name, RolloutActor, RolloutConfig(
+        model_path=str(model_path), backend=cfg["rollout"]["backend"], seed=cfg["run"]["seed"] + i,
+        **cfg["rollout"]["args"]), {"weights": [top.weights]}) for name, i in zip(names, indices)])
+    for name, rollout in zip(names, started):
+        top.rollouts.append(name)
+        top.requests[name] = rollout["requests"]
 
 
 def open_cluster(cfg: dict):

@@ -12,6 +12,12 @@ Face model directory, loadable with ``from_pretrained``) and, beside it, ``train
 the version, the random state, the advantage baselines and its running totals. A learner started with
 ``resume=True`` and a checkpoint in ``save_dir`` continues from it, at the same version. A checkpoint is
 written to a fresh directory and swapped in, so a process killed while writing leaves the previous one.
+
+The data cursor: replay numbers its batches (1, 2, ... in a run's ``data_life``); the learner trains on them in
+that order, exactly once, and its checkpoint records the last number it consumed. A batch numbered at or below
+the cursor (sent again after a restart) is dropped and counted, and so is one that comes early (after a
+restart, before replay's ``rewind`` sends the missing ones in order). A restarted learner thus goes on from its
+checkpoint with the batches after it, and with the same random state: it retrains them as before.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from actors.endpoints import Inbox, Outbox
 from actors.training import Objective, TrainerState, collate, policy_gradient_step
 from actors.weights import WeightsPublisher, weights_to_bytes
 from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, VersionAnnounced, WeightsFetch
-from streams.schema import Columns, decode_table
+from streams.schema import Columns, decode_batch
 from streams.wire import Kind
 
 log = logging.getLogger(__name__)
@@ -50,6 +56,7 @@ class LearnerConfig:
     save_dir: str | None = None  # the checkpoint: the policy and the trainer's state
     checkpoint_every: int = 0  # versions between checkpoints (0: only when the learner stops)
     resume: bool = False  # continue from the checkpoint in save_dir
+    data_life: str = ""  # the replay spill's life: a checkpoint's data cursor counts only within the same life
     seed: int = 0
 
     def __post_init__(self):
@@ -72,6 +79,8 @@ class LearnerActor:
         self.state = TrainerState()
         self._totals = {"batches": 0, "episodes": 0, "tokens": 0, "train_s": 0.0, "rejected_episodes": 0,
                         "rejected_tokens": 0}
+        self.cursor = 0  # the number of the last batch consumed (see the module's docstring)
+        self._out_of_order = {"duplicate_batches": 0, "early_batches": 0}
         self._staleness = Counter()  # tokens trained on, by staleness, over the whole run
         self._first_batch_at = None
         self._resumed_train_s = 0.0  # training time before a resume, which the busy fraction leaves out
@@ -87,7 +96,7 @@ class LearnerActor:
             transport.open_publisher(capacity=16) as publisher,
             transport.open_receiver(capacity=64) as fetches,
         ):
-            self._inbox = Inbox(batches, Kind.BATCH, decode_table)
+            self._inbox = Inbox(batches, Kind.BATCH, decode_batch)
             self._weights = weights = WeightsPublisher(
                 self.name, self.cfg.policy_id, Outbox(publisher, Kind.WEIGHTS, self.name, topic=WEIGHTS_TOPIC + policy),
                 fetch_from=fetches.address)
@@ -95,15 +104,18 @@ class LearnerActor:
             fetch_inbox = Inbox(fetches, Kind.WEIGHTS_FETCH, WeightsFetch.from_body)
             self._streams = {"batches": self._inbox, "fetch": fetch_inbox, "publisher": versions_out}
             task_status.started({"batches": batches.address, "weights": publisher.address, "fetch": fetches.address,
-                                 "version": self.version})
+                                 "version": self.version, "cursor": self.cursor})
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._announce, versions_out, weights)
                     nursery.start_soon(weights.serve_chunks, fetch_inbox, transport)
                     await weights.publish(self.version, await trio.to_thread.run_sync(weights_to_bytes, model))
                     while True:
-                        table = await self._inbox.receive()
+                        table, seq = await self._inbox.receive()
+                        if not self._in_order(seq):
+                            continue
                         self._first_batch_at = self._first_batch_at or time.perf_counter()
+                        self.cursor = seq if seq is not None else self.cursor
                         table = self._within_bound(table)
                         if table is None:
                             continue
@@ -126,6 +138,14 @@ class LearnerActor:
             await trio.sleep(self.cfg.announce_every_s)
             await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
             await weights.announce_latest()
+
+    def _in_order(self, seq: int | None) -> bool:
+        """Is batch ``seq`` the next one? (A batch without a number always is.)"""
+        if seq is None or seq == self.cursor + 1:
+            return True
+        self._out_of_order["duplicate_batches" if seq <= self.cursor else "early_batches"] += 1
+        log.info("batch %d dropped: the learner consumed batch %d last", seq, self.cursor)
+        return False
 
     def _load(self):
         torch.set_num_threads(self.cfg.threads)
@@ -150,7 +170,8 @@ class LearnerActor:
         tokenizer.save_pretrained(fresh)
         torch.save({"version": self.version, "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
                     "role_ids": self.state.role_ids, "baselines": self.state.baselines, "totals": self._totals,
-                    "staleness": dict(self._staleness)}, fresh / TRAINER_STATE)
+                    "staleness": dict(self._staleness), "cursor": {"life": self.cfg.data_life, "seq": self.cursor}},
+                   fresh / TRAINER_STATE)
         if final.exists():
             shutil.rmtree(old, ignore_errors=True)
             final.rename(old)
@@ -166,6 +187,8 @@ class LearnerActor:
         self._totals.update(state["totals"])
         self._resumed_train_s = self._totals["train_s"]
         self._staleness.update(state["staleness"])
+        cursor = state.get("cursor", {})
+        self.cursor = cursor["seq"] if cursor.get("life") == self.cfg.data_life else 0  # a new life numbers anew
 
     def _update(self, model, optimizer, tokenizer, table) -> dict:
         started = time.perf_counter()
@@ -213,7 +236,8 @@ class LearnerActor:
         last = self.history[-1] if self.history else {}
         wall = time.perf_counter() - self._first_batch_at if self._first_batch_at else 0.0
         busy = min((self._totals["train_s"] - self._resumed_train_s) / wall, 1.0) if wall > 0 else 0.0
-        return {**self._totals, "version": self.version, "last": last, "dropped_frames": dropped, "busy": busy,
+        return {**self._totals, **self._out_of_order, "version": self.version, "cursor": self.cursor, "last": last,
+                "dropped_frames": dropped, "busy": busy,
                 "staleness_hist": {str(k): self._staleness[k] for k in sorted(self._staleness)},
                 "weights": self._weights.stats if self._weights else {},
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}
@@ -231,3 +255,12 @@ def find_checkpoint(save_dir: str | Path | None) -> Path | None:
         if (candidate / TRAINER_STATE).exists():
             return candidate
     return None
+
+
+def checkpoint_cursor(save_dir: str | Path, life: str) -> int:
+    """The number of the last batch the checkpoint in ``save_dir`` had consumed in ``life`` (0: none)."""
+    checkpoint = find_checkpoint(save_dir)
+    if checkpoint is None:
+        return 0
+    cursor = torch.load(checkpoint / TRAINER_STATE, weights_only=False).get("cursor", {})
+    return cursor["seq"] if cursor.get("life") == life else 0

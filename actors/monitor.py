@@ -19,10 +19,15 @@ class Evaluation:
         self.cluster, self.envs, self.tag, self.opponent = cluster, envs, tag, opponent
         shares = [games_per_seat // len(envs) + (i < games_per_seat % len(envs)) for i in range(len(envs))]
         self.started = time.time()
-        for env, share in zip(envs, shares):
-            if share:
-                cluster.call(env, "evaluate", tag, share, opponent)
-        self.envs = [env for env, share in zip(envs, shares) if share]
+        self.shares = {env: share for env, share in zip(envs, shares) if share}
+        for env, share in self.shares.items():
+            cluster.call(env, "evaluate", tag, share, opponent)
+        self.envs = list(self.shares)
+
+    def restarted(self, env: str) -> None:
+        """``env`` died with its share of the games: its successor plays the whole share again."""
+        if env in self.shares:
+            self.cluster.call(env, "evaluate", self.tag, self.shares[env], self.opponent)
 
     def result(self, env_stats: dict[str, dict]) -> dict | None:
         """The merged result once every env actor has finished its share, else None."""
@@ -46,6 +51,13 @@ class Evaluation:
         }
 
 
+# counters that a restarted env or rollout actor starts again from 0, and that the run's totals continue (a
+# restarted learner takes its own back from its checkpoint; replay and reward's are not summed into totals)
+CONTINUED = ("episodes", "train_episodes", "train_return_sum", "turns", "invalid_actions", "tokens",
+             "reissued_requests", "duplicate_completions", "abandoned_stale")
+CONTINUED_KINDS = ("env", "rollout")
+
+
 class MetricsLog:
     """Appends one JSON line per snapshot to ``metrics.jsonl`` and derives rates between snapshots."""
 
@@ -57,6 +69,36 @@ class MetricsLog:
         self._elapsed_before = 0.0          # minute a resumed run stopped at)
         self._last: tuple[float, dict] | None = None
         self.rows: list[dict] = []
+        self._seen: dict[str, dict] = {}  # actor -> its CONTINUED counters in the last snapshot
+        self._before: dict[str, dict] = {}  # actor -> what its dead predecessors had counted
+        self.restarts = 0
+        self._retired_names: set[str] = set()  # actors gone for good; their counts stay in the totals
+
+    def restarted(self, name: str) -> None:
+        """``name`` died and was restarted: what it had counted stays in the totals (no negative rates)."""
+        self.restarts += 1
+        before = self._before.setdefault(name, {})
+        for key, value in self._seen.get(name, {}).items():
+            before[key] = before.get(key, 0) + value
+        self._seen[name] = {}
+
+    def retired(self, name: str) -> None:
+        """``name`` left the run (a scale-down): what it counted stays in the totals."""
+        self.restarted(name)
+        self.restarts -= 1
+        self._retired_names.add(name)
+
+    def _continued(self, stats: dict[str, dict]) -> dict[str, dict]:
+        out = {}
+        for name, s in stats.items():
+            if not name.startswith(CONTINUED_KINDS):
+                out[name] = s
+                continue
+            self._seen[name] = {key: s[key] for key in CONTINUED if key in s}
+            out[name] = {**s, **{key: s[key] + value for key, value in self._before.get(name, {}).items() if key in s}}
+        for name in self._retired_names - set(stats):  # gone: only what it counted, under its own name
+            out[name] = {**dict.fromkeys(CONTINUED, 0), **self._before[name], "streams": {}, "retired": True}
+        return out
 
     def load(self) -> float:
         """Take back the rows a run (being resumed) already wrote; returns the elapsed seconds they cover."""
@@ -91,9 +133,11 @@ class MetricsLog:
 
     def snapshot(self, stats: dict[str, dict], evaluation: dict | None = None) -> dict:
         now = time.time()
+        stats = self._continued(stats)
         learner = stats["learner"]
         envs = [s for name, s in stats.items() if name.startswith("env")]
         rollouts = [s for name, s in stats.items() if name.startswith("rollout")]
+        live_rollouts = [s for s in rollouts if not s.get("retired")]
         totals = {
             "episodes": sum(s["episodes"] for s in envs),
             "train_episodes": sum(s.get("train_episodes", 0) for s in envs),
@@ -104,10 +148,11 @@ class MetricsLog:
         }
         replay = stats.get("replay", {})
         elapsed = now - self.started if self.started is not None else self._elapsed_before
-        row = {"time": now, "elapsed_s": elapsed, "version": learner["version"], **totals,
-               "trained_episodes": learner["episodes"], "learner_train_s": learner["train_s"],
+        row = {"time": now, "elapsed_s": elapsed, "version": learner["version"], **totals, "restarts": self.restarts,
+               "trained_episodes": learner["episodes"], "data_cursor": learner.get("cursor"),
+               "learner_train_s": learner["train_s"],
                "learner_busy": learner.get("busy"),
-               "rollout_idle": sum(s.get("idle_fraction", 0.0) for s in rollouts) / max(len(rollouts), 1),
+               "rollout_idle": sum(s.get("idle_fraction", 0.0) for s in rollouts) / max(len(live_rollouts), 1),
                "queue_requests": sum(s.get("queued_requests", 0) for s in rollouts),
                "queue_replay": replay.get("buffered", 0),
                "live_episodes": sum(s.get("live_episodes", 0) for s in envs),

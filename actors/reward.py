@@ -1,5 +1,9 @@
 """RewardActor: scores finished episodes, then hands them to replay.
 
+An episode is acknowledged to its env actor only once replay has acknowledged the scored one (the receiver's
+``ack_when_done``, and a drain before the next): a reward actor killed at any point loses nothing; what it had
+not passed on is sent to its successor again, and replay drops a second copy.
+
 Game outcomes are already rewards, so the default scorer passes them through; verifiers and judges plug in
 here as scorers: functions from an episode table to an episode table with ``reward`` and
 ``episode_return`` filled in.
@@ -42,7 +46,7 @@ class RewardActor:
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with (
-            transport.open_receiver(capacity=16) as episodes,
+            transport.open_receiver(capacity=16, ack_when_done=True) as episodes,
             transport.open_sender(peers["replay"], capacity=16) as replay,
         ):
             self._inbox = Inbox(episodes, Kind.EPISODES, decode_table)
@@ -54,6 +58,7 @@ class RewardActor:
                     episode.schema.get_field_index(Columns.SCORED_AT), Columns.SCORED_AT,
                     pa.array([time.time()] * episode.num_rows, pa.float64()))
                 await outbox.send(encode_table(scored))
+                await replay.drain()  # replay has it (spilled) before the env actor is told we have
                 self._stats["episodes"] += 1
                 self._stats["rows"] += scored.num_rows
 

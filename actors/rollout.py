@@ -46,7 +46,6 @@ class RolloutConfig:
     interruptible: bool = True  # hf: apply new weights between decoding steps, not only between batches
     vllm: VllmOptions = field(default_factory=VllmOptions)  # a dict is accepted
     seed: int = 0
-    address: str | None = None  # where to take requests (a restarted actor takes its predecessor's address)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -83,7 +82,7 @@ class RolloutActor:
         topic = WEIGHTS_TOPIC + self.cfg.policy_id.encode()
         try:
             async with (
-                transport.open_receiver(capacity=1024, address=self.cfg.address) as requests,
+                transport.open_receiver(capacity=1024) as requests,
                 transport.open_subscriber(peers.get("weights", []), topics=[topic]) as weights,
                 trio.open_nursery() as nursery,
             ):

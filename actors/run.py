@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
+from actors.autoscale import AutoscaleConfig, autoscale_target
 from actors.base_model import ensure_base_model, tiny_model_config
+from actors.control import ControlServer
 from actors.monitor import Evaluation, MetricsLog, plot_learning_curve
 
 log = logging.getLogger(__name__)
+SCALABLE = ("rollout",)
 
 
 class Run:
@@ -30,6 +35,30 @@ class Run:
         self.started = None
         self.target_reached_s = None
         self.restarts: dict[str, int] = {}  # actor -> times restarted after it died
+        self.training = False  # env actors may start training episodes (a restarted one is told again)
+        self.open_evaluations: list[Evaluation] = []  # under way: a restarted env actor plays its share again
+        self.scale_requests: queue.Queue = queue.Queue()  # (kind, count), from any thread: see ``scale``
+        self.scale_events: list[dict] = []
+        self._rollouts_made = 0  # rollout actors ever started: a joining one gets a name never used
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidal-scale")
+        self._joining: Future | None = None  # rollout actors starting for the scale to ``_target``
+        self._target = 0
+        self.autoscale = AutoscaleConfig(**cfg["rollout"].get("autoscale", {}))
+        if self.autoscale.enabled and run["mode"] != "ray":
+            raise ValueError("rollout.autoscale.enabled needs run.mode=ray (in one process no actor can leave)")
+        self._autoscale_history: list[tuple[int, float]] = []
+
+    def scale(self, kind: str, count: int) -> int:
+        """Ask for ``count`` actors of ``kind`` (rollout); applied by the run's loop at its next round. Returns
+        how many it runs now. Any thread may call it (the control endpoint's does)."""
+        if kind not in SCALABLE:
+            raise ValueError(f"cannot scale {kind!r} actors: only {', '.join(SCALABLE)} can be scaled so far")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ValueError(f"scale {kind}={count!r}: the count must be an integer >= 1")
+        if self.cfg["run"]["mode"] != "ray":
+            raise ValueError("scaling needs run.mode=ray (in one process no actor can leave)")
+        self.scale_requests.put((kind, count))
+        return len(self.top.rollouts) if hasattr(self, "top") else 0
 
     def model_path(self) -> Path:
         model = self.cfg["model"]
@@ -43,25 +72,28 @@ class Run:
     def execute(self) -> dict:
         from actors.launcher import build_topology, open_cluster
 
-        model_path = self.model_path()
+        model_path = self._model_path = self.model_path()
         cluster = open_cluster(self.cfg)
-        interrupted = False
+        interrupted, control = False, None
         try:
             self.top = build_topology(cluster, self.cfg, model_path, self.dir)
             self.cluster = cluster
+            if self.cfg["run"]["mode"] == "ray":  # `tidal scale` reaches the run here
+                control = ControlServer(self.dir, self.scale)
             self._evaluate_now("resume" if self.resumed else "start", self.cfg["eval"]["endpoint_games_per_seat"])
             # minute 0 of the curves: training starts (a resumed run goes on from where its metrics stopped)
             self.started = self.metrics.started = time.time() - self.offset_s
-            for env in self.top.envs:
-                cluster.call(env, "set_training", True)
+            self._set_training(True)
             self._train()
-            for env in self.top.envs:
-                cluster.call(env, "set_training", False)
+            self._set_training(False)
             self._evaluate_now("final", self.cfg["eval"]["endpoint_games_per_seat"])
         except KeyboardInterrupt:
             interrupted = True
             log.warning("interrupted: stopping the run and writing what it measured")
         finally:
+            if control is not None:
+                control.close()
+            self._spawner.shutdown(wait=True)
             cluster.shutdown()
         return self._summarize(interrupted)
 
@@ -78,21 +110,142 @@ class Run:
         return stats
 
     def _recover(self, name: str, error: Exception) -> dict:
-        """Restart a dead rollout actor; its unanswered requests are sent again. Other kinds end the run (its
-        learner's checkpoint lets it resume)."""
-        if name not in self.top.rollouts:
-            raise RuntimeError(f"the {name} actor died ({type(error).__name__}); only rollout actors are restarted "
-                               f"so far: continue the run with `tidal launch resume={self.dir}`") from error
+        """Restart a dead actor of any kind, losing nothing and counting nothing twice (README, "Faults")."""
+        if not self.cfg["run"].get("restart", True):
+            raise RuntimeError(f"the {name} actor died ({type(error).__name__}) and run.restart is off: continue "
+                               f"the run with `tidal launch resume={self.dir}`") from error
         log.warning("%s died (%s); restarting it", name, type(error).__name__)
-        self.cluster.restart(name)
-        reissued = sum(self.cluster.call(env, "reissue") for env in self.top.envs)
+        top = self.top
+        if name in top.rollouts:
+            self._restart_rollout(name)
+        elif name in top.envs:
+            self._restart_env(name)
+        elif name == top.learner:
+            self._restart_learner()
+        elif name == top.replay:
+            self.cluster.restart(name)
+            self._rewind_replay(self.cluster.statistics(top.learner)["cursor"])
+        else:  # reward: its env actors send again what it had not acknowledged
+            self.cluster.restart(name)
         self.restarts[name] = self.restarts.get(name, 0) + 1
-        log.warning("%s restarted; %d unanswered generation requests sent again", name, reissued)
+        self.metrics.restarted(name)
         return self.cluster.statistics(name)
 
+    def _restart_rollout(self, name: str) -> None:
+        """At its old address; the env actors send again their unanswered requests (which only it knew)."""
+        self.cluster.restart(name)
+        reissued = sum(self._call_unless_dead(env, "reissue") or 0 for env in self.top.envs)
+        log.warning("%s restarted; %d unanswered generation requests sent again", name, reissued)
+
+    def _restart_env(self, name: str) -> None:
+        """Its episodes in flight died with it; its successor counts what it delivered as started (admission),
+        starts new ones in their place, and plays again its share of an evaluation under way."""
+        delivered = self.cluster.statistics(self.top.replay)["received_by_source"].get(name, 0)
+        self.cluster.restart(name, incarnation=self.restarts.get(name, 0) + 1, started_before=delivered)
+        if self.training:
+            self.cluster.call(name, "set_training", True)
+        for evaluation in self.open_evaluations:
+            evaluation.restarted(name)
+
+    def _restart_learner(self) -> None:
+        """From its last checkpoint (or the base model, if it made none yet); replay sends again, in order, the
+        batches after the checkpoint's data cursor, so it trains on each once."""
+        from actors.learner import find_checkpoint
+
+        resume = find_checkpoint(self.dir / "policy") is not None
+        started = self.cluster.restart(self.top.learner, resume=resume)
+        log.warning("learner restarted at version %d; batches after %d come again", started["version"],
+                    started["cursor"])
+        self._rewind_replay(started["cursor"])
+
+    def _rewind_replay(self, cursor: int) -> None:
+        self._call_unless_dead(self.top.replay, "rewind", cursor)  # dead too: its own restart rewinds it
+
+    def _call_unless_dead(self, name: str, method: str, *args):
+        """Call ``name``; if it died, None: the next health check restarts it, and the restart sees to it."""
+        try:
+            return self.cluster.call(name, method, *args)
+        except Exception as error:
+            if not self.cluster.is_dead(error):
+                raise
+            return None
+
+    def _set_training(self, on: bool) -> None:
+        self.training = on
+        for env in self.top.envs:
+            self.cluster.call(env, "set_training", on)
+
+    def _evaluation(self, tag: str, games: int) -> Evaluation:
+        self.open_evaluations.append(Evaluation(self.cluster, self.top.envs, tag, games, self.cfg["eval"]["opponent"]))
+        return self.open_evaluations[-1]
+
+    def _result(self, evaluation: Evaluation, stats: dict) -> dict | None:
+        result = evaluation.result(stats)
+        if result is not None:
+            self.open_evaluations.remove(evaluation)
+        return result
+
+    def _apply_scaling(self) -> None:
+        """Carry out the scale requests, one at a time. Joining actors start in a thread (loading a model takes
+        seconds): the run's loop goes on meanwhile, and connects them once they are up."""
+        if self._joining is not None:
+            if not self._joining.done():
+                return
+            self._joining.result()  # raises what a failed start raised
+            self._joining = None
+            self._set_rollouts(self._target)
+        while self._joining is None and not self.scale_requests.empty():
+            kind, count = self.scale_requests.get()
+            before, self._target = len(self.top.rollouts), count
+            self.scale_events.append({"time": time.time(), "kind": kind, "from": before, "to": count})
+            log.warning("scaling %s actors from %d to %d", kind, before, count)
+            if count > before:
+                self._joining = self._spawner.submit(self._start_rollouts, count - before)
+            else:
+                self._set_rollouts(count)
+
+    def _autoscale(self, row: dict) -> None:
+        """With ``rollout.autoscale.enabled``: one step towards the rollout actors the queue asks for."""
+        if not self.autoscale.enabled or self._joining is not None or not self.scale_requests.empty():
+            return
+        self._autoscale_history.append((row.get("queue_requests", 0), row.get("rollout_idle", 0.0)))
+        actors = len(self.top.rollouts)
+        target = autoscale_target(self.autoscale, actors, self._autoscale_history)
+        if target != actors:
+            log.warning("autoscale: %d rollout actors -> %d (requests waiting, idle: %s)", actors, target,
+                        self._autoscale_history[-self.autoscale.patience:])
+            self.scale("rollout", target)
+            self._autoscale_history = []
+
+    def _start_rollouts(self, joining: int) -> None:
+        from actors.launcher import spawn_rollouts
+
+        made = max(self._rollouts_made, len(self.top.rollouts))
+        self._rollouts_made = made + joining
+        spawn_rollouts(self.cluster, self.cfg, self._model_path, self.top, range(made, self._rollouts_made))
+
+    def _set_rollouts(self, count: int) -> None:
+        """Env actors send to the first ``count`` rollout actors (joining ones take the latest weights, which
+        the learner announces every second); the others go: once they are gone, env actors send again what they
+        left unanswered (an answer that still comes is counted once)."""
+        top = self.top
+        leaving, top.rollouts = top.rollouts[count:], top.rollouts[:count]
+        addresses = [top.requests[name] for name in top.rollouts]
+        for env in top.envs:
+            self.cluster.set_peers(env, "rollout", addresses)  # first: a restart connects to these
+            self._call_unless_dead(env, "set_rollouts", addresses)
+        for name in leaving:
+            self.cluster.stop(name)
+            top.requests.pop(name)
+            self.metrics.retired(name)
+        if leaving:
+            reissued = sum(self._call_unless_dead(env, "reissue") or 0 for env in top.envs)
+            log.warning("%d unanswered generation requests of the leaving rollout actors sent again", reissued)
+        log.warning("%d rollout actors serve the env actors", count)
+
     def _evaluate_now(self, tag: str, games: int) -> dict:
-        evaluation = Evaluation(self.cluster, self.top.envs, tag, games, self.cfg["eval"]["opponent"])
-        while (result := evaluation.result(self._stats())) is None:
+        evaluation = self._evaluation(tag, games)
+        while (result := self._result(evaluation, self._stats())) is None:
             time.sleep(0.5)
         return self._record(result)
 
@@ -114,16 +267,18 @@ class Run:
         pending, next_eval, rounds = None, self.started + ev["every_s"], 0
         while (elapsed := time.time() - self.started) < budget:
             time.sleep(min(run["log_every_s"], max(budget - elapsed, 0.05)))
+            self._apply_scaling()
             stats = self._stats()
-            if pending is not None and (result := pending.result(stats)) is not None:
+            if pending is not None and (result := self._result(pending, stats)) is not None:
                 self._record(result, stats)  # writes this round's metrics row too
                 pending = None
             else:
                 self.metrics.snapshot(stats)
             row = self.metrics.rows[-1]
+            self._autoscale(row)
             if pending is None and ev["every_s"] and time.time() >= next_eval:
                 rounds += 1
-                pending = Evaluation(self.cluster, self.top.envs, f"during-{rounds}", ev["games_per_seat"], ev["opponent"])
+                pending = self._evaluation(f"during-{rounds}", ev["games_per_seat"])
                 next_eval = time.time() + ev["every_s"]
             bar.update(min(round(time.time() - self.started), bar.total) - bar.n)
             bar.set_postfix(self._postfix(row), refresh=True)
@@ -164,6 +319,8 @@ class Run:
             "staleness_hist": rows[-1].get("staleness_total") if rows else {},
             "rejected_episodes": rows[-1].get("rejected_episodes") if rows else 0,
             "restarts": self.restarts,
+            "scale_events": self.scale_events,
+            "life": self.top.life if hasattr(self, "top") else None,
             "evaluations": self.evaluations,
         }
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -38,12 +38,16 @@ class Sender(Protocol):
     def disconnect(self, address: str) -> None:
         """Stop sending to a receiver (scale-down). Its unacknowledged messages are dropped and counted."""
 
+    async def drain(self) -> None:
+        """Wait until every message sent has been acknowledged by its receiver."""
+
     def statistics(self) -> dict:
         """Every key of `stats.STREAM_KEYS`: sent, bytes_sent, in_flight, send_waits, wait_s (waiting for credit)..."""
 
 
 class Receiver(Protocol):
-    """PULL-like: bound at `address`, fair-queued from all senders."""
+    """PULL-like: bound at `address`, fair-queued from all senders. Opened with ``ack_when_done``, a message is
+    acknowledged only once the actor asks for the next (ZeroMQ; in memory nothing is acknowledged late)."""
 
     address: str
 

@@ -93,6 +93,10 @@ class MemorySender:
         """Stop sending to a receiver (scale-down). What is queued there stays for whoever binds it."""
         self._addresses.remove(address)
 
+    async def drain(self) -> None:
+        """A message in a mailbox is delivered: nothing is ever left to wait for."""
+        await trio.lowlevel.checkpoint()
+
     def statistics(self) -> dict:
         return dict(self._stats)
 
@@ -175,7 +179,8 @@ class MemoryTransport:
         return self._mailboxes[address]
 
     @contextlib.asynccontextmanager
-    async def open_receiver(self, capacity: int = 64, address: str | None = None):
+    async def open_receiver(self, capacity: int = 64, address: str | None = None, ack_when_done: bool = False):
+        # ack_when_done: in one process an actor cannot die alone, so there is nothing to acknowledge late
         address = address or f"mem://receiver-{next(self._ids)}"
         if address in self._bound:
             raise ValueError(f"address {address} is already bound")

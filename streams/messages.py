@@ -224,3 +224,40 @@ class VersionAnnounced:
     def from_body(cls, body) -> VersionAnnounced:
         f = _fields(body, cls.NAMES, "version", (str, int))
         return cls(f["policy"], f["version"])
+
+
+@dataclass
+class ScaleRequest:
+    """Run ``count`` actors of kind ``actor`` (``tidal scale rollout=4``)."""
+
+    actor: str
+    count: int
+
+    NAMES = ("actor", "count")
+
+    def to_body(self) -> bytes:
+        return pack(dict(zip(self.NAMES, (self.actor, self.count))))
+
+    @classmethod
+    def from_body(cls, body) -> ScaleRequest:
+        f = _fields(body, cls.NAMES, "scale", (str, int))
+        return cls(f["actor"], f["count"])
+
+
+@dataclass
+class ScaleAnswered:
+    """The run took a ``ScaleRequest`` (``ok``), or why not; ``actors``: how many of that kind it ran when asked."""
+
+    ok: bool
+    message: str
+    actors: int = 0
+
+    NAMES = ("ok", "message", "actors")
+
+    def to_body(self) -> bytes:
+        return pack(dict(zip(self.NAMES, (self.ok, self.message, self.actors))))
+
+    @classmethod
+    def from_body(cls, body) -> ScaleAnswered:
+        f = _fields(body, cls.NAMES, "scale answer", (bool, str, int))
+        return cls(f["ok"], f["message"], f["actors"])

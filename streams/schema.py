@@ -60,6 +60,7 @@ FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     (Columns.SCORED_AT, pa.float64()),
 )
 
+BATCH_SEQ_KEY = b"tidal.batch_seq"
 TRAJECTORY_SCHEMA = pa.schema(FIELDS, metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()})
 NAMES: tuple[str, ...] = tuple(name for name, _ in FIELDS)
 
@@ -85,12 +86,17 @@ def trajectory_table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=TRAJECTORY_SCHEMA)
 
 
-def encode_table(table: pa.Table) -> bytes:
-    """Serialize a trajectory table as an Arrow IPC stream (checked against the schema first)."""
+def encode_table(table: pa.Table, batch_seq: int | None = None) -> bytes:
+    """Serialize a trajectory table as an Arrow IPC stream (checked against the schema first).
+
+    ``batch_seq``: a training batch's number in its run, which the learner's data cursor counts (`decode_batch`).
+    """
     if not table.schema.equals(TRAJECTORY_SCHEMA, check_metadata=True):  # as trajectory_table builds it: as is
         if table.schema.metadata and VERSION_KEY in table.schema.metadata:
             _check_version(table.schema)
         table = _conform(table)
+    if batch_seq is not None:
+        table = table.replace_schema_metadata({**TRAJECTORY_SCHEMA.metadata, BATCH_SEQ_KEY: str(batch_seq).encode()})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
@@ -111,6 +117,16 @@ def decode_table(buf) -> pa.Table:
     if table.schema.equals(TRAJECTORY_SCHEMA, check_metadata=True):  # the common case: nothing to conform
         return table
     return _conform(table)
+
+
+def decode_batch(buf) -> tuple[pa.Table, int | None]:
+    """A training batch and its number (None for a batch sent without one)."""
+    table = decode_table(buf)
+    found = pa.ipc.open_stream(pa.py_buffer(buf)).schema.metadata.get(BATCH_SEQ_KEY)
+    try:
+        return table, int(found) if found is not None else None
+    except ValueError as error:
+        raise SchemaError(f"batch number {found!r} is not an integer") from error
 
 
 def _check_version(schema: pa.Schema) -> None:

@@ -45,6 +45,8 @@ class Kind(str, enum.Enum):
     VERSION = "version"  # a policy-version announcement (msgpack)
     WEIGHTS_FETCH = "weights_fetch"  # a request for chunks of a published version (msgpack)
     WEIGHTS_CHUNK = "weights_chunk"  # one checksummed chunk of a published version (msgpack)
+    SCALE = "scale"  # a command to a running run: how many actors of a kind (msgpack)
+    SCALED = "scaled"  # the run's answer to it (msgpack)
 
 
 # The largest frame of each kind: a receiver drops (and counts) a larger one before decoding its body.
@@ -57,6 +59,8 @@ FRAME_LIMITS: dict[Kind, int] = {
     Kind.VERSION: 64 * 2**10,
     Kind.WEIGHTS_FETCH: 64 * 2**10,
     Kind.WEIGHTS_CHUNK: 17 * 2**20,  # a chunk of at most 16 MiB and its fields
+    Kind.SCALE: 4 * 2**10,
+    Kind.SCALED: 64 * 2**10,
 }
 
 

@@ -10,7 +10,11 @@ Senders and receivers speak a small credit protocol over DEALER -> ROUTER (`wire
 keeps one DEALER socket per receiver and numbers its messages per link; it may have at most `window`
 messages unacknowledged on a link (the smaller of its own and the receiver's capacity; its own until the
 receiver's first acknowledgement says), and waits for credit when every link is full. A receiver acknowledges what it has handed to its actor: every half
-window, and always before it waits for more. Nothing is dropped at a high-water mark (the credits bound
+window, and always before it waits for more. A receiver opened with ``ack_when_done`` hands a message over
+unacknowledged and counts it done only when its actor asks for the next one: an actor that keeps what it receives
+(replay spills it to disk) or passes it on (reward, once the next actor has acknowledged it) loses nothing
+acknowledged when it is killed, and its successor is sent again what it had not finished (and, if the connection
+dropped while the last acknowledgement was on its way, the message before it: such consumers drop copies by id). Nothing is dropped at a high-water mark (the credits bound
 every queue). When a link's connection drops (the receiver restarted, or the network failed), the sender
 opens a fresh socket and sends again everything not yet acknowledged; the receiver drops (and counts) what
 it already delivered, so nothing acknowledged is lost and nothing is delivered twice.
@@ -293,16 +297,21 @@ class _Peer:
 class ZmqReceiver:
     """Bound at `address`, fair-queued from all senders; acknowledges what it hands over, drops duplicates."""
 
-    def __init__(self, sock: _TrioSocket, address: str, capacity: int):
+    def __init__(self, sock: _TrioSocket, address: str, capacity: int, ack_when_done: bool = False):
         self._sock = sock
         self.address = address
         self._capacity = capacity
         self._ack_every = max(1, capacity // 2)
+        self._ack_when_done = ack_when_done
+        self._handed: tuple[bytes, int] | None = None  # ack_when_done: (sender, seq) the actor is working on
         self._peers: dict[bytes, _Peer] = {}
         self._stats = new_stats()
         self._drops = DropLog(f"receiver {address}")
 
     async def receive(self) -> list[bytes]:
+        if self._handed is not None:  # asking for the next: the actor is done with the last one
+            self._done(self._handed[0])
+            self._handed = None
         while True:
             parts = self._accept(await self._sock.receive(before_wait=self.flush_acks))
             if parts is not None:
@@ -329,19 +338,32 @@ class ZmqReceiver:
             return None
         self._stats["gaps"] += seq - peer.next_seq
         peer.next_seq = seq + 1
+        if self._ack_when_done:
+            self._handed = (identity, seq)
+        else:
+            self._done(identity)
+        return frames[2:]
+
+    def _done(self, identity: bytes) -> None:
+        peer = self._peers[identity]
         peer.unacked += 1
         if peer.unacked >= self._ack_every:
             self._ack(identity, peer)
-        return frames[2:]
 
-    def _ack(self, identity: bytes, peer: _Peer) -> None:
+    def _ack(self, identity: bytes, peer: _Peer, upto: int | None = None) -> None:
+        """Acknowledge every message from ``identity`` before ``upto`` (default: all it handed over)."""
+        upto = peer.next_seq if upto is None else upto
         with contextlib.suppress(zmq.Again):  # a full pipe to a vanished peer: it resends, we ack again
-            self._sock.send_nowait([identity, encode_link(LinkType.ACK, peer.next_seq, self._capacity)])
+            self._sock.send_nowait([identity, encode_link(LinkType.ACK, upto, self._capacity)])
         peer.unacked, peer.ack_due = 0, False
 
     def flush_acks(self) -> None:
+        """Acknowledge what the actor is done with (on close, the message it is working on is not)."""
+        handed, seq = self._handed or (None, None)
         for identity, peer in self._peers.items():
-            if peer.unacked or peer.ack_due:
+            if identity == handed:
+                self._ack(identity, peer, upto=seq)
+            elif peer.unacked or peer.ack_due:
                 self._ack(identity, peer)
 
     def statistics(self) -> dict:
@@ -453,7 +475,8 @@ class ZmqTransport:
     smaller wins). A publisher's and a subscriber's `capacity` are their high-water marks: pub/sub may drop.
     """
 
-    def __init__(self, host: str = "127.0.0.1", context: zmq.Context | None = None, curve: CurveKeys | None = None):
+    def __init__(self, host: str = "127.0.0.1", context: zmq.Context | None = None, curve: CurveKeys | None = None,
+                 rebind: list[str] = ()):
         if not is_loopback(host) and curve is None:
             raise ValueError(f"binding streams to {host!r}, beyond loopback, requires CURVE keys "
                              "(streams.curve_dir; see README, 'Security')")
@@ -461,12 +484,16 @@ class ZmqTransport:
         self.context = context or zmq.Context.instance()
         self.curve = curve
         self._authenticator = None
+        # A restarted actor binds its predecessor's addresses, in the order it binds (an actor binds its
+        # endpoints in the same order every time it starts): whoever sent to it reconnects by itself.
+        self._rebind = list(rebind)
+        self.bound: list[str] = []  # every address bound, in order: what a restart passes as ``rebind``
 
     @contextlib.asynccontextmanager
-    async def open_receiver(self, capacity: int = 64, address: str | None = None):
+    async def open_receiver(self, capacity: int = 64, address: str | None = None, ack_when_done: bool = False):
         options = {zmq.RCVHWM: 0, zmq.SNDHWM: 0, zmq.ROUTER_HANDOVER: 1}
         async with self._open(zmq.ROUTER, options, RECEIVER_LINGER_MS, server=True) as sock:
-            receiver = ZmqReceiver(sock, await self._bind(sock, address), capacity)
+            receiver = ZmqReceiver(sock, await self._bind(sock, address), capacity, ack_when_done)
             try:
                 yield receiver
             finally:  # acknowledge what the actor got, so that a successor is not sent it again
@@ -543,9 +570,12 @@ class ZmqTransport:
             socket.curve_publickey, socket.curve_secretkey = keys.client_public, keys.client_secret
 
     async def _bind(self, sock: _TrioSocket, address: str | None) -> str:
+        if address is None and self._rebind:
+            address = self._rebind.pop(0)
         if address is None:
             sock.socket.bind(f"tcp://{self.host}:*")
         else:
             await _rebind(sock.socket, address)
         sock.wake()
-        return sock.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.bound.append(sock.socket.getsockopt_string(zmq.LAST_ENDPOINT))
+        return self.bound[-1]

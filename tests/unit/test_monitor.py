@@ -37,3 +37,17 @@ def test_training_return_waits_for_enough_episodes_and_reaches_back_for_them(tmp
     assert rows[2]["train_return"] == 11.0 / 20  # from t=10: the 30 s window alone would hold 15 episodes
     # at t=120 the 30 s window holds 2 episodes; it reaches back to t=10, the newest snapshot >= 20 episodes ago
     assert rows[3]["train_return"] == (13.0 - 0.0) / (32 - 10)
+
+
+def test_totals_go_on_across_a_restart_and_after_an_actor_leaves(tmp_path):
+    from actors.monitor import MetricsLog
+
+    log = MetricsLog(tmp_path)
+    learner = {"version": 1, "episodes": 0, "train_s": 0.0}
+    env = {"episodes": 10, "turns": 30, "invalid_actions": 1}
+    log.snapshot({"learner": learner, "env-0": env, "rollout-0": {"tokens": 100}, "rollout-1": {"tokens": 50}})
+    log.restarted("rollout-0")  # back from 0
+    log.retired("rollout-1")  # gone, with what it counted
+    log.retired("rollout-2")  # joined and left between two snapshots: counted nothing here
+    row = log.snapshot({"learner": learner, "env-0": env, "rollout-0": {"tokens": 5}})
+    assert row["tokens"] == 155 and row["tokens_per_s"] >= 0 and row["restarts"] == 1

@@ -1,0 +1,154 @@
+"""Chaos: SIGKILL one actor of every kind at random times during a real run, and scale rollout actors 1 -> 4 -> 2.
+
+    python benchmarks/chaos.py [--quick] [--seed 0] [--minutes 6] [--out runs/chaos] [overrides...]
+
+The default job (self-play TicTacToe) on an embedded Ray cluster, with the env actors' ledgers on: each writes
+the id of every training episode the reward actor acknowledged. One actor of each kind (reward, replay, learner,
+an env actor, a rollout actor) is killed with SIGKILL, in a random order at random times (each after the
+previous one is back), and the run asks for 4 rollout actors, later 2. At the end every episode is accounted
+for by id: produced (in a ledger), consumed (in a batch the learner's final checkpoint had consumed), still
+held by replay, lost (produced and nowhere) and duplicated (trained more than once). The time to recover from
+a kill is from the kill to the first metrics row, once the actor is back and the learner past its version at
+the kill, whose episodes/s is back to 75% of its mean over the last 10 rows before the kill. Ends with:
+
+    kills=<n> lost=<n> duplicated=<n> recover_s=<max seconds> scale_events=<n>
+
+`--quick` (about two minutes): 2 minutes of training, small batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ray
+
+from actors.cli import load_config
+from actors.learner import checkpoint_cursor
+from actors.run import Run
+from actors.spill import account_episodes
+
+KINDS = ["reward", "replay", "learner", "env", "rollout"]
+SCALES = [(0.2, 4), (0.55, 2)]  # (share of the budget, rollout actors)
+QUICK = ["replay.args.batch_episodes=16", "replay.args.capacity_episodes=32", "env.args.concurrency=16",
+         "eval.endpoint_games_per_seat=4", "sampling.max_new_tokens=4", "learner.checkpoint_every=5"]
+
+
+def schedule(rng: random.Random, budget_s: float) -> list[tuple[float, str, object]]:
+    """Kills at random times in the middle 10%-85% of the budget, one of each kind in a random order, and the
+    scale events; sorted by time."""
+    kinds = rng.sample(KINDS, len(KINDS))
+    times = sorted(rng.uniform(0.1, 0.85) * budget_s for _ in kinds)
+    events = [(t, "kill", kind) for t, kind in zip(times, kinds)]
+    events += [(share * budget_s, "scale", count) for share, count in SCALES]
+    return sorted(events, key=lambda e: e[0])
+
+
+def wait_for(predicate, what: str, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"chaos: timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def victim(run: Run, kind: str, rng: random.Random) -> str:
+    top = run.top
+    return {"reward": top.reward, "replay": top.replay, "learner": top.learner,
+            "env": rng.choice(top.envs), "rollout": rng.choice(top.rollouts)}[kind]
+
+
+def drive(run: Run, events, rng: random.Random, runner: threading.Thread) -> list[dict]:
+    """Carry out ``events`` against the running ``run``; returns the kills (actor, time)."""
+    wait_for(lambda: run.started is not None or not runner.is_alive(), "training to start")
+    kills = []
+    for at, what, arg in events:
+        while time.time() < run.started + at and runner.is_alive():
+            time.sleep(0.05)
+        if not runner.is_alive():
+            break
+        # one thing at a time: the last restart and the last scale are done
+        wait_for(lambda: run.metrics.restarts == len(kills), "the last restart")
+        wait_for(lambda: len(run.scale_events) == sum(1 for e in events[:events.index((at, what, arg))]
+                                                      if e[1] == "scale"), "the last scale")
+        if what == "scale":
+            run.scale("rollout", arg)
+            continue
+        name = victim(run, arg, rng)
+        pid = ray.get(ray.get_actor(name).pid.remote())
+        os.kill(pid, signal.SIGKILL)
+        kills.append({"actor": name, "time": time.time()})
+        print(f"killed {name} (pid {pid}) at {time.time() - run.started:.1f} s", flush=True)
+    return kills
+
+
+def recovery_s(rows: list[dict], killed_at: float, restarts: int) -> float | None:
+    """Seconds from the kill to the first row, once the actor is back (the run's ``restarts``-th) and the learner
+    beyond its version at the kill, at 75% of the mean episodes/s of the last 10 rows before the kill (None: never)."""
+    before = [r for r in rows if r["time"] < killed_at and "episodes_per_s" in r][-10:]
+    if not before:
+        return None
+    baseline = sum(r["episodes_per_s"] for r in before) / len(before)
+    version = before[-1]["version"]
+    after = (r for r in rows if r["time"] > killed_at and r["restarts"] >= restarts and r["version"] > version
+             and r.get("episodes_per_s", 0) >= 0.75 * baseline)
+    row = next(after, None)
+    return None if row is None else row["time"] - killed_at
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--minutes", type=float, default=6.0)
+    parser.add_argument("--out", default="runs/chaos")
+    args, overrides = parser.parse_known_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    minutes = 2.0 if args.quick else args.minutes
+    cfg = load_config([f"run.dir={args.out}", f"run.name=chaos-{int(time.time())}", "run.progress=false",
+                       "run.ledger=true", "rollout.count=1", "env.count=2", f"run.minutes={minutes}",
+                       "run.log_every_s=1", "eval.every_s=0", *(QUICK if args.quick else []), *overrides])
+    rng = random.Random(args.seed)
+    events = schedule(rng, minutes * 60)
+    ray.init(num_cpus=cfg["ray"]["num_cpus"], include_dashboard=False, logging_level=logging.WARNING)
+    run = Run(cfg)
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.setdefault("summary", run.execute()))
+    runner.start()
+    try:
+        kills = drive(run, events, rng, runner)
+    finally:
+        runner.join()
+        ray.shutdown()
+    summary = outcome["summary"]
+    rows = [json.loads(line) for line in (run.dir / "metrics.jsonl").read_text().splitlines()]
+    accounts = account_episodes(run.dir, summary["life"], checkpoint_cursor(run.dir / "policy", summary["life"]))
+    recoveries = []
+    for number, kill in enumerate(kills, 1):
+        seconds = recovery_s(rows, kill["time"], number)
+        recoveries.append(seconds)
+        shown = "not within the run" if seconds is None else f"{seconds:.1f} s"
+        print(f"{kill['actor']}: back to 75% of its episodes/s in {shown}")
+    print(f"episodes: {json.dumps(accounts)}")
+    print(f"restarts: {summary['restarts']}  scale events: {[(e['from'], e['to']) for e in summary['scale_events']]}")
+    print(f"policy version {summary['final_version']}, final non-loss {summary['final_nonloss']}")
+    (Path(run.dir) / "chaos.json").write_text(json.dumps({"kills": kills, "recover_s": recoveries,
+                                                          "accounts": accounts, "summary": summary}, indent=2))
+    worst = max((r for r in recoveries if r is not None), default=float("nan"))
+    if any(r is None for r in recoveries):
+        worst = float("inf")
+    print(f"kills={len(kills)} lost={accounts['lost']} duplicated={accounts['duplicated']} "
+          f"recover_s={worst:.1f} scale_events={len(summary['scale_events'])}")
+    return 0 if accounts["lost"] == 0 and accounts["duplicated"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

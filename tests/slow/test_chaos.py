@@ -1,0 +1,23 @@
+"""benchmarks/chaos.py --quick: a kill of every kind and rollouts 1 -> 4 -> 2 in about two minutes of training."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_chaos_quick_loses_nothing_and_counts_nothing_twice(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "chaos.py"), "--quick", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=880)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    match = re.fullmatch(r"kills=(\d+) lost=(\d+) duplicated=(\d+) recover_s=([\d.]+|inf|nan) scale_events=(\d+)", last)
+    assert match, last
+    kills, lost, duplicated, _, scale_events = match.groups()
+    assert (int(kills), int(lost), int(duplicated), int(scale_events)) == (5, 0, 0, 2), last
