@@ -12,6 +12,9 @@ Face model directory, loadable with ``from_pretrained``) and, beside it, ``train
 the version, the random state, the advantage baselines and its running totals. A learner started with
 ``resume=True`` and a checkpoint in ``save_dir`` continues from it, at the same version. A checkpoint is
 written to a fresh directory and swapped in, so a process killed while writing leaves the previous one.
+
+In a league, ``snapshot(root)`` asks for a frozen snapshot of the policy (``actors/snapshots.py``): it is
+written between two updates, as ``<root>/<policy_id>-v<version>``, and listed in ``statistics()["snapshots"]``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import trio
 
 from actors.base_model import load_policy
 from actors.endpoints import Inbox, Outbox
+from actors.snapshots import snapshot_id, write_snapshot
 from actors.training import Objective, TrainerState, collate, policy_gradient_step
 from actors.weights import WeightsPublisher, weights_to_bytes
 from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, VersionAnnounced, WeightsFetch
@@ -78,6 +82,8 @@ class LearnerActor:
         self._inbox = None
         self._weights = None
         self._streams: dict = {}
+        self._snapshot_roots = None  # where snapshots were asked for (a memory channel once running)
+        self.snapshots: list[dict] = []  # {"id", "version", "path"} of every snapshot written
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         model, tokenizer, optimizer = await trio.to_thread.run_sync(self._load)
@@ -100,6 +106,9 @@ class LearnerActor:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._announce, versions_out, weights)
                     nursery.start_soon(weights.serve_chunks, fetch_inbox, transport)
+                    model_lock = trio.Lock()  # an update and a snapshot never touch the model at once
+                    self._snapshot_roots, roots = trio.open_memory_channel(16)
+                    nursery.start_soon(self._write_snapshots, roots, model, tokenizer, model_lock)
                     await weights.publish(self.version, await trio.to_thread.run_sync(weights_to_bytes, model))
                     while True:
                         table = await self._inbox.receive()
@@ -107,7 +116,8 @@ class LearnerActor:
                         table = self._within_bound(table)
                         if table is None:
                             continue
-                        stats = await trio.to_thread.run_sync(self._update, model, optimizer, tokenizer, table)
+                        async with model_lock:
+                            stats = await trio.to_thread.run_sync(self._update, model, optimizer, tokenizer, table)
                         tensors = await trio.to_thread.run_sync(weights_to_bytes, model)
                         await weights.publish(self.version, tensors)
                         await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
@@ -120,6 +130,21 @@ class LearnerActor:
                 if self.cfg.save_dir:
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(self._save, model, tokenizer, optimizer)
+
+    def snapshot(self, root: str) -> None:
+        """Ask for a frozen snapshot of the policy under ``root`` (written between two updates)."""
+        self._snapshot_roots.send_nowait(root)
+
+    async def _write_snapshots(self, roots, model, tokenizer, model_lock: trio.Lock) -> None:
+        async for root in roots:
+            async with model_lock:
+                name = snapshot_id(self.cfg.policy_id, self.version)
+                path = Path(root) / name
+                if not path.exists():  # asked twice at one version (or before a resume): the first is the snapshot
+                    await trio.to_thread.run_sync(write_snapshot, model, tokenizer, path)
+                    log.info("snapshot %s written to %s", name, path)
+                if all(s["id"] != name for s in self.snapshots):
+                    self.snapshots.append({"id": name, "version": self.version, "path": str(path)})
 
     async def _announce(self, versions_out: Outbox, weights: WeightsPublisher) -> None:
         while True:
@@ -214,6 +239,7 @@ class LearnerActor:
         wall = time.perf_counter() - self._first_batch_at if self._first_batch_at else 0.0
         busy = min((self._totals["train_s"] - self._resumed_train_s) / wall, 1.0) if wall > 0 else 0.0
         return {**self._totals, "version": self.version, "last": last, "dropped_frames": dropped, "busy": busy,
+                "snapshots": list(self.snapshots),
                 "staleness_hist": {str(k): self._staleness[k] for k in sorted(self._staleness)},
                 "weights": self._weights.stats if self._weights else {},
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}

@@ -45,6 +45,9 @@ class Kind(str, enum.Enum):
     VERSION = "version"  # a policy-version announcement (msgpack)
     WEIGHTS_FETCH = "weights_fetch"  # a request for chunks of a published version (msgpack)
     WEIGHTS_CHUNK = "weights_chunk"  # one checksummed chunk of a published version (msgpack)
+    MATCH_REQUEST = "match_request"  # an env actor asks the league for a match (msgpack)
+    MATCH = "match"  # the league's answer: who sits in which seat (msgpack)
+    MATCH_RESULT = "match_result"  # a finished league match: seats and returns (msgpack)
 
 
 # The largest frame of each kind: a receiver drops (and counts) a larger one before decoding its body.
@@ -57,6 +60,9 @@ FRAME_LIMITS: dict[Kind, int] = {
     Kind.VERSION: 64 * 2**10,
     Kind.WEIGHTS_FETCH: 64 * 2**10,
     Kind.WEIGHTS_CHUNK: 17 * 2**20,  # a chunk of at most 16 MiB and its fields
+    Kind.MATCH_REQUEST: 64 * 2**10,
+    Kind.MATCH: 64 * 2**10,
+    Kind.MATCH_RESULT: 64 * 2**10,
 }
 
 
