@@ -91,7 +91,8 @@ class EnvActor:
         self._stats = {"episodes": 0, "steps": 0, "turns": 0, "invalid_actions": 0, "forfeits": 0, "errored": 0,
                        "truncated_actions": 0, "truncated_prompts": 0, "admission_waits": 0,
                        "train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
-                       "abandoned_stale": 0, "reissued_requests": 0, "duplicate_completions": 0}
+                       "abandoned_stale": 0, "reissued_requests": 0, "duplicate_completions": 0,
+                       "train_episodes_without_rows": 0}
         # Per learning member: its learner's version, and the training episodes started and not dropped (a
         # resumed run counts the episodes its learner consumed).
         self._versions = dict(cfg.start_versions or {cfg.policy_id: cfg.start_version})
@@ -112,23 +113,23 @@ class EnvActor:
         async with (
             transport.open_receiver(capacity=1024) as completions,
             transport.open_subscriber(peers.get("versions", []), topics=topics) as versions,
-            contextlib.AsyncExitStack() as stack,
-            trio.open_nursery() as nursery,
+            contextlib.AsyncExitStack() as stack,  # one sender per rollout group and reward actor, opened here
         ):
-            self._reply_to = completions.address
             self._requests = {m: Outbox(await stack.enter_async_context(transport.open_sender(a, capacity=1024)),
                                         Kind.GENERATE, self.name) for m, a in rollouts.items()}
             self._episodes = {m: Outbox(await stack.enter_async_context(transport.open_sender(a, capacity=16)),
                                         Kind.EPISODES, self.name) for m, a in rewards.items()}
             if "league" in peers:
                 await self._open_league(transport, peers["league"], stack)
-            self._completions = Inbox(completions, Kind.COMPLETION, Completion.from_body)
-            self._nursery = nursery
-            nursery.start_soon(self._route_completions)
-            self._versions_inbox = Inbox(versions, Kind.VERSION, VersionAnnounced.from_body, topic=True)
-            nursery.start_soon(self._follow_versions, self._versions_inbox)
-            nursery.start_soon(self._train)
-            task_status.started({"completions": completions.address})
+            async with trio.open_nursery() as nursery:
+                self._reply_to = completions.address
+                self._completions = Inbox(completions, Kind.COMPLETION, Completion.from_body)
+                self._nursery = nursery
+                nursery.start_soon(self._route_completions)
+                self._versions_inbox = Inbox(versions, Kind.VERSION, VersionAnnounced.from_body, topic=True)
+                nursery.start_soon(self._follow_versions, self._versions_inbox)
+                nursery.start_soon(self._train)
+                task_status.started({"completions": completions.address})
 
     async def _open_league(self, transport, league: dict, stack: contextlib.AsyncExitStack) -> None:
         matches = await stack.enter_async_context(transport.open_receiver(capacity=4))
@@ -254,13 +255,14 @@ class EnvActor:
             seats, learner = match.seats, match.learner
             played = await self._play(seats, self._rng.randrange(2**31), staleness_bound=self.cfg.max_staleness,
                                       learner=learner)
-            if played is not None:
+            if played is not None and played[0]:
                 policy_returns = [r for r, who in zip(played[1], seats) if who == learner]
                 self._stats["train_episodes"] += 1
                 self._stats["train_return_sum"] += sum(policy_returns) / len(policy_returns)
                 await self._episodes[learner].send(encode_table(trajectory_table(played[0])))
-            else:  # errored or abandoned: it will never be consumed, so it gives its admission back
-                self._started[learner] -= 1
+            else:  # errored, abandoned, or over before the learner's turn (an opponent's forfeit with more than two
+                self._started[learner] -= 1  # players): never consumed, so it gives its admission back
+                self._stats["train_episodes_without_rows"] += played is not None
             if match.match_id >= 0:
                 returns = played[1] if played is not None else [0.0] * len(seats)
                 result = MatchResult(match.match_id, learner, seats, returns, errored=played is None)
