@@ -37,7 +37,7 @@ from actors.league_run import LeagueRun
 from actors.league_table import format_table
 from envs.kuhn_poker import CARDS, KuhnPoker
 
-QUICK = ["run.minutes=0.4", "run.log_every_s=2", "eval.games_per_seat=20", "eval.endpoint_games_per_seat=20",
+QUICK = ["run.minutes=0.25", "run.log_every_s=1", "eval.games_per_seat=10", "eval.endpoint_games_per_seat=10",
          "eval.every_s=0", "replay.args.batch_episodes=8", "replay.args.capacity_episodes=16",
          "env.args.concurrency=16", "league.args.snapshot_every_versions=3", "league.args.snapshot_min_versions=2",
          "model.tiny.warmup_games=200", "model.tiny.warmup_steps=30", "model.tiny.warmup_batch=32",

@@ -28,9 +28,9 @@ def test_a_killed_three_player_league_resumes_with_its_ratings(tiny_model_dir, t
              "run.local_transport=zmq", "run.minutes=5", "run.log_every_s=0.5", "env=liars_dice", "league=liars_dice",
              "env.args.env_args.players=3", "league.args.players=3", "replay.args.batch_episodes=8",
              "replay.args.capacity_episodes=16", "env.args.concurrency=8", "eval.opponents=[random]",
-             "eval.games_per_seat=3", "eval.endpoint_games_per_seat=3", "eval.every_s=0", "learner.checkpoint_every=1",
+             "eval.games_per_seat=2", "eval.endpoint_games_per_seat=2", "eval.every_s=0", "learner.checkpoint_every=1",
              "league.args.snapshot_every_versions=2", "league.args.save_every_s=0.5",
-             "league.args.history_every_matches=10", "sampling.max_new_tokens=8"]
+             "league.args.history_every_matches=5", "sampling.max_new_tokens=8"]
     process = subprocess.Popen([sys.executable, "-m", "actors.cli", "league", "run", *first],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 400
@@ -50,7 +50,7 @@ def test_a_killed_three_player_league_resumes_with_its_ratings(tiny_model_dir, t
     assert killed["members"] == [{"id": "main", "role": "main"}, {"id": "leaguex", "role": "league_exploiter"}]
     assert len(killed["ratings"]) >= 3  # three seats: the learner and two opponents rated at once
 
-    target = killed["stats"]["matches"] + 40
+    target = killed["stats"]["matches"] + 20
     resumed = subprocess.run([sys.executable, "-m", "actors.cli", "league", "run", f"resume={run}",
                               f"run.max_matches={target}", "run.minutes=4"], capture_output=True, text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
