@@ -232,3 +232,14 @@ def test_league_state_survives_a_restart_with_its_ratings(tmp_path):
     other = [{"id": "main", "role": "main"}]
     with pytest.raises(ValueError, match="saved league has members"):
         LeagueActor(LeagueConfig(members=other, state_dir=str(tmp_path), resume=True))
+
+
+def test_six_player_matches_seat_the_learner_once_and_draw_every_other_seat(tmp_path):
+    actor = LeagueActor(LeagueConfig(members=MEMBERS[:1] + MEMBERS[2:], state_dir=str(tmp_path), players=6,
+                                     matchmaking={"self_play": 0.0, "fixed": 1.0, "fixed_opponents": ["random"]}))
+    for i in range(20):
+        match = actor.assign(MatchRequest(i, "tcp://127.0.0.1:1", ["main"]))
+        assert len(match.seats) == 6 and match.seats.count("main") == 1 and match.seats.count("random") == 5
+    actor.record(MatchResult(0, "main", ["random", "main", "random", "random", "random", "random"],
+                             [-1.0, 5.0, -1.0, -1.0, -1.0, -1.0]))
+    assert actor.payoff.win_rate("main", "random") > 0.5 and set(actor.ratings) == {"main", "random"}
