@@ -14,7 +14,9 @@ import hashlib
 import inspect
 import json
 import logging
+import os
 import random
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -188,11 +190,16 @@ def ensure_base_model(cache_dir: str | Path, cfg: TinyModelConfig = TinyModelCon
     tokenizer = make_tokenizer([text for pair in pairs for text in pair], cfg.vocab_size)
     model = make_model(tokenizer, cfg)
     warm_up(model, tokenizer, pairs, cfg)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")  # several processes may make it at once
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "tidal_base_model.json").write_text(json.dumps(asdict(cfg), indent=2))
-    tmp.rename(path)
+    try:
+        tmp.rename(path)
+    except OSError:  # another process finished first: the same config and seed made the same model; keep theirs
+        if not (path / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 

@@ -76,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         cfg = load_config(args.overrides, "league" if args.command == "league" else "launch")
-    except Exception as error:  # Hydra's errors name the bad key or value
+        from actors.launcher import check_config
+
+        check_config(cfg)
+    except Exception as error:  # Hydra's errors (and check_config's) name the bad key or value
         print(f"tidal: bad config: {error}", file=sys.stderr)
         return 2
     if args.command == "config":

@@ -92,7 +92,7 @@ class EnvActor:
                        "truncated_actions": 0, "truncated_prompts": 0, "admission_waits": 0,
                        "train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
                        "abandoned_stale": 0, "reissued_requests": 0, "duplicate_completions": 0,
-                       "train_episodes_without_rows": 0}
+                       "train_episodes_without_rows": 0, "refused_generations": 0}
         # Per learning member: its learner's version, and the training episodes started and not dropped (a
         # resumed run counts the episodes its learner consumed).
         self._versions = dict(cfg.start_versions or {cfg.policy_id: cfg.start_version})
@@ -304,6 +304,11 @@ class EnvActor:
         except _FellBehind:
             self._stats["abandoned_stale"] += 1
             return None
+        except GenerationRefused as refused:
+            log.warning("episode %s dropped: %s", episode_id, refused)
+            self._stats["errored"] += 1
+            self._stats["refused_generations"] += 1
+            return None
         except Exception:  # the environment's (or an opponent's) bug costs this episode only
             log.exception("environment %s raised in episode %s; the episode is dropped", self.cfg.env_name,
                           episode_id)
@@ -399,6 +404,8 @@ class EnvActor:
             await done.wait()
         finally:
             self._waiting.pop(request_id, None)
+        if slot[0].error:
+            raise GenerationRefused(f"the rollout actor refused generation request {request_id}: {slot[0].error}")
         return slot[0]
 
     async def _route_completions(self) -> None:
@@ -431,6 +438,11 @@ async def _step(game, action: str, credit: RewardCredit) -> StepResult:
         result = await result
     credit.add_rewards(result.rewards)
     return result
+
+
+class GenerationRefused(Exception):
+    """The rollout actor could not sample a request (e.g. vLLM refuses temperatures above 2): the episode
+    that asked is dropped, with the reason in the log, and counted as errored."""
 
 
 class _FellBehind(Exception):

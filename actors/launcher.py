@@ -140,10 +140,22 @@ def open_cluster(cfg: dict):
                       curve_dir=cfg["ray"]["curve_dir"])
 
 
+VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses higher temperatures
+
+
+def check_config(cfg: dict) -> None:
+    """Refuse, before anything starts, a config that would fail only once actors run."""
+    temperature = cfg["sampling"]["temperature"]
+    if cfg["rollout"]["backend"] == "vllm" and not 0 < temperature <= VLLM_MAX_TEMPERATURE:
+        raise ValueError(f"sampling.temperature={temperature}: rollout.backend=vllm samples at temperatures in "
+                         f"(0, {VLLM_MAX_TEMPERATURE:g}]")
+
+
 def launch(cfg: dict) -> dict:
     """Run the job ``cfg`` describes; returns (and writes) its summary. Ctrl-C ends it cleanly."""
     from actors.run import Run
 
+    check_config(cfg)
     return Run(cfg).execute()
 
 

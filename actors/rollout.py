@@ -74,7 +74,8 @@ class RolloutActor:
         self._latest_weights: FetchedWeights | None = None  # set on the trio loop, taken by the sampling thread
         self._weights_lock = threading.Lock()
         self._stats = {"requests": 0, "tokens": 0, "batches": 0, "generate_s": 0.0, "weights_applied": 0,
-                       "weights_applied_mid_batch": 0, "version_waits": 0, "idle_s": 0.0}
+                       "weights_applied_mid_batch": 0, "version_waits": 0, "idle_s": 0.0,
+                       "refused_requests": 0}
         self._started_at = time.perf_counter()
         self._queue = None
         self._follower = None
@@ -197,8 +198,10 @@ class RolloutActor:
                 for answer in await self._generate(model, tokenizer, live, generator):
                     await completions.send(answer)
             for policy, requests in self._by_snapshot([r for r in batch if r.policy_id != self.cfg.policy_id]):
-                snapshot = await self._snapshot(policy)
-                if snapshot is None:
+                snapshot, refusal = await self._snapshot(policy)
+                if snapshot is None:  # each request is answered with the reason; its env drops that episode
+                    for request in requests:
+                        await completions.send((Completion.refused(request.request_id, refusal), request))
                     continue
                 for answer in await self._generate(snapshot[0], tokenizer, requests, generator, snapshot[1]):
                     await completions.send(answer)
@@ -210,12 +213,12 @@ class RolloutActor:
             groups.setdefault(request.policy_id, []).append(request)
         return list(groups.items())
 
-    async def _snapshot(self, policy: str) -> tuple | None:
-        """(model, version) of a snapshot of this actor's policy, loaded on first use; None (logged, counted,
-        the requests dropped) for a policy this actor does not serve or a snapshot that fails its checksums."""
+    async def _snapshot(self, policy: str) -> tuple[tuple | None, str]:
+        """((model, version), "") of a snapshot of this actor's policy, loaded on first use; (None, the reason)
+        (logged, counted) for a policy this actor does not serve or a snapshot that fails its checksums."""
         if policy in self._snapshots:
             self._snapshots.move_to_end(policy)
-            return self._snapshots[policy]
+            return self._snapshots[policy], ""
         parsed = parse_snapshot_id(policy)
         try:
             if parsed is None or parsed[0] != self.cfg.policy_id or not self.cfg.snapshot_dir:
@@ -224,13 +227,13 @@ class RolloutActor:
             model, _ = await trio.to_thread.run_sync(load_snapshot, f"{self.cfg.snapshot_dir}/{policy}")
         except (SnapshotError, OSError) as error:
             self._stats["unknown_policy"] = self._stats.get("unknown_policy", 0) + 1
-            log.warning("%s: requests for %s dropped: %s", self.name, policy, error)
-            return None
+            log.warning("%s: requests for %s refused: %s", self.name, policy, error)
+            return None, str(error)
         self._snapshots[policy] = (model, parsed[1])
         self._stats["snapshots_loaded"] = self._stats.get("snapshots_loaded", 0) + 1
         while len(self._snapshots) > self.cfg.max_snapshots:
             self._snapshots.popitem(last=False)
-        return self._snapshots[policy]
+        return self._snapshots[policy], ""
 
     async def _serve_streams(self, queue_out, sampler, completions) -> None:
         """vllm: every request a task of its own, up to ``max_batch`` in flight; the engine batches them."""
@@ -248,11 +251,18 @@ class RolloutActor:
         try:
             if request.policy_id != self.cfg.policy_id:  # snapshots are served by the hf backend only
                 self._stats["unknown_policy"] = self._stats.get("unknown_policy", 0) + 1
-                log.warning("%s (vllm) serves %r only; a request for %r dropped", self.name, self.cfg.policy_id,
-                            request.policy_id)
+                reason = f"{self.name} (vllm) serves {self.cfg.policy_id!r} only, not {request.policy_id!r}"
+                await completions.send((Completion.refused(request.request_id, reason), request))
                 return
             await self._wait_for_version(request.min_version)
-            s = await sampler.sample(request.prompt_ids, temperature=request.temperature, max_tokens=request.max_tokens)
+            try:
+                s = await sampler.sample(request.prompt_ids, temperature=request.temperature,
+                                         max_tokens=request.max_tokens)
+            except ValueError as error:  # RequestRefused, an empty prompt: answer this request, serve the rest
+                log.warning("%s: request %d refused by the engine: %s", self.name, request.request_id, error)
+                self._stats["refused_requests"] += 1
+                await completions.send((Completion.refused(request.request_id, str(error)), request))
+                return
             self._stats["requests"] += 1
             self._stats["tokens"] += len(s.tokens)
             await completions.send((Completion(request.request_id, s.tokens, s.logprobs, s.versions, s.finished),

@@ -36,6 +36,10 @@ from actors.sampling import Sample
 log = logging.getLogger(__name__)
 
 
+class RequestRefused(ValueError):
+    """The engine will not sample this request (its settings are outside what vLLM accepts)."""
+
+
 @dataclass
 class VllmOptions:
     dtype: str = "float32"  # the learner's dtype: behaviour and learner log-probs then agree to rounding
@@ -165,8 +169,11 @@ class VllmSampler:
 
         while self._loading:
             await self._changed.wait()
-        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=0, detokenize=False,
-                                output_kind=RequestOutputKind.DELTA)
+        try:
+            params = SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=0, detokenize=False,
+                                    output_kind=RequestOutputKind.DELTA)
+        except Exception as error:  # vLLM's VLLMValidationError: this request's settings, not the engine
+            raise RequestRefused(str(error)) from error
         self._set_submitting(+1)
         try:
             request_id = f"{self.name}-{next(self._ids)}"

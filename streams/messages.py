@@ -91,31 +91,40 @@ class GenerationRequest:
 
 @dataclass
 class Completion:
-    """Sampled tokens with, for every token, the behaviour log-prob and the policy version that made it."""
+    """Sampled tokens with, for every token, the behaviour log-prob and the policy version that made it.
+
+    ``error``: why the rollout actor could not sample this request (its engine refused the request's
+    settings); then there are no tokens, and the env actor drops the episode that asked, with the reason.
+    """
 
     request_id: int
     token_ids: list[int]
     logprobs: list[float]
     versions: list[int]
     finished: bool  # ended with EOS; False when cut at max_tokens
+    error: str = ""
 
-    NAMES = ("id", "tokens", "logprobs", "versions", "finished")
+    NAMES = ("id", "tokens", "logprobs", "versions", "finished", "error")
 
     def to_body(self) -> bytes:
         values = (self.request_id, _ints(self.token_ids), _floats(self.logprobs), _ints(self.versions),
-                  self.finished)
+                  self.finished, self.error)
         return pack(dict(zip(self.NAMES, values)))
 
     @classmethod
+    def refused(cls, request_id: int, error: str) -> Completion:
+        return cls(request_id, [], [], [], False, error[:500])
+
+    @classmethod
     def from_body(cls, body) -> Completion:
-        f = _fields(body, cls.NAMES, "completion", (int, bytes, bytes, bytes, bool))
+        f = _fields(body, cls.NAMES, "completion", (int, bytes, bytes, bytes, bool, str))
         tokens = _array(f["tokens"], "<i4", "tokens")
         logprobs = _array(f["logprobs"], "<f4", "logprobs")
         versions = _array(f["versions"], "<i4", "versions")
         if not len(tokens) == len(logprobs) == len(versions):
             raise FrameError(f"completion with {len(tokens)} tokens, {len(logprobs)} log-probs, "
                              f"{len(versions)} versions")
-        return cls(f["id"], tokens, logprobs, versions, f["finished"])
+        return cls(f["id"], tokens, logprobs, versions, f["finished"], f["error"])
 
 
 @dataclass

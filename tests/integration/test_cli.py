@@ -57,6 +57,11 @@ def test_a_bad_override_fails_with_a_clear_message(capsys):
     assert "no_such_group" in capsys.readouterr().err
 
 
+def test_a_temperature_vllm_refuses_fails_before_anything_starts(capsys):
+    assert main(["launch", "rollout.backend=vllm", "sampling.temperature=3"]) == 2
+    assert "sampling.temperature=3" in capsys.readouterr().err
+
+
 def test_ctrl_c_stops_the_run_and_keeps_its_metrics_and_plot(tiny_model_dir, tmp_path):
     import signal
     import time

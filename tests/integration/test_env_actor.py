@@ -28,7 +28,8 @@ async def scripted_rollout(transport, receiver, tokenizer, answer, version: int 
     await serve_scripted(transport, receiver, reply)
 
 
-def run_episodes(tiny_model_dir, answer, episodes: int, clock=None, record_requests=None, concurrency=4, **env_args):
+def run_episodes(tiny_model_dir, answer, episodes: int, clock=None, record_requests=None, concurrency=4,
+                 rollout=scripted_rollout, **env_args):
     """``episodes`` training episodes of an env actor against a scripted policy, then its statistics."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tables = []
@@ -37,7 +38,7 @@ def run_episodes(tiny_model_dir, answer, episodes: int, clock=None, record_reque
         transport = MemoryTransport()
         async with transport.open_receiver() as requests, transport.open_receiver() as rewards, \
                 trio.open_nursery() as nursery:
-            nursery.start_soon(scripted_rollout, transport, requests, tokenizer, answer, 5, record_requests)
+            nursery.start_soon(rollout, transport, requests, tokenizer, answer, 5, record_requests)
             env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir), concurrency=concurrency, **env_args))
             await nursery.start(env.run, transport, {"rollout": [requests.address], "reward": [rewards.address]})
             env.set_training(True)
@@ -110,6 +111,27 @@ def test_an_environment_that_raises_loses_its_episode_only(tiny_model_dir, monke
     errors = [r for r in caplog.records if "raised in episode" in r.getMessage()]
     # each errored episode is logged with its traceback (more may end between the snapshot and the stop)
     assert len(errors) >= stats["errored"] and all("the environment broke" in str(r.exc_info[1]) for r in errors)
+
+
+def test_a_refused_generation_drops_its_episode_with_the_reason_and_the_others_go_on(tiny_model_dir, caplog):
+    answered = []
+
+    async def refusing_rollout(transport, receiver, tokenizer, *args):
+        def reply(request):  # every third request refused, as vLLM refuses a temperature above 2
+            answered.append(request.request_id)
+            if len(answered) % 3 == 0:
+                return Completion.refused(request.request_id, "temperature must be in [0, 2], got 5.0")
+            tokens = tokenizer("[5]")["input_ids"] + [tokenizer.eos_token_id]
+            return Completion(request.request_id, tokens, [-0.5] * len(tokens), [5] * len(tokens), True)
+
+        await serve_scripted(transport, receiver, reply)
+
+    *episodes, stats = run_episodes(tiny_model_dir, None, episodes=6, rollout=refusing_rollout)
+    assert len(episodes) == 6 and stats["refused_generations"] >= 1
+    assert stats["errored"] >= stats["refused_generations"]
+    refusals = [r for r in caplog.records if "refused generation request" in r.getMessage()]
+    assert refusals and all("got 5.0" in r.getMessage() for r in refusals)
+    assert not [r for r in caplog.records if "raised in episode" in r.getMessage()]
 
 
 def tool_script(prompt: str) -> str:

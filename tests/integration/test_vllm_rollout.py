@@ -202,3 +202,12 @@ def test_a_request_waits_for_the_weights_of_its_min_version(rig, tokenizer, tiny
     rig.run(ask_then_publish)
     assert out["held_at"] == version
     assert all(set(c.versions) == {version + 1} for c in out["completions"])
+
+
+def test_a_request_the_engine_refuses_is_answered_with_the_reason_and_the_actor_serves_on(rig, tokenizer):
+    refused_before = rig.rollout.statistics()["refused_requests"]
+    bad, good = rig.run(rig.generate, boards(tokenizer, 1), temperature=5.0)[0], None
+    good = rig.run(rig.generate, boards(tokenizer, 2))
+    assert bad.error and "temperature" in bad.error and bad.token_ids == []
+    assert all(not c.error and c.token_ids for c in good)
+    assert rig.rollout.statistics()["refused_requests"] == refused_before + 1

@@ -11,6 +11,8 @@ def test_messages_round_trip():
     assert GenerationRequest.from_body(request.to_body()) == request
     completion = Completion(7, [1, 2], [-0.5, -0.25], [3, 4], True)
     assert Completion.from_body(completion.to_body()) == completion
+    refused = Completion.refused(8, "temperature must be in [0, 2]")
+    assert Completion.from_body(refused.to_body()) == refused and refused.error and not refused.token_ids
     manifest = WeightsManifest("main", 3, 10, 4, [1, 2, 3], "host/boot", "/dev/shm/w", "tcp://127.0.0.1:5")
     assert WeightsManifest.from_body(manifest.to_body()) == manifest
     assert WeightsFetch.from_body(WeightsFetch("main", 3, 2, "mem://x").to_body()) == WeightsFetch("main", 3, 2, "mem://x")
@@ -23,7 +25,7 @@ def test_malformed_messages_raise_frame_errors():
         Completion.from_body(pack({"id": 1}))
     with pytest.raises(FrameError, match="2 tokens, 1 log-probs"):
         Completion.from_body(pack({"id": 1, "tokens": b"\x00" * 8, "logprobs": b"\x00" * 4,
-                                   "versions": b"\x00" * 8, "finished": True}))
+                                   "versions": b"\x00" * 8, "finished": True, "error": ""}))
     with pytest.raises(FrameError, match="empty prompt"):
         GenerationRequest.from_body(GenerationRequest(1, "a", "main", [], 1.0, 4).to_body())
     with pytest.raises(FrameError):
