@@ -36,9 +36,13 @@ def resumed_config(run_dir: str, overrides: list[str]) -> dict:
     path = Path(run_dir).expanduser()
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"resume={run_dir}: not a run directory (no config.json)")
-    if find_checkpoint(path / "policy") is None:
-        raise FileNotFoundError(f"resume={run_dir}: the run left no checkpoint (policy/trainer_state.pt)")
-    cfg = OmegaConf.create(json.loads((path / "config.json").read_text()))
+    saved = json.loads((path / "config.json").read_text())
+    # a league checkpoints every member's learner; a single-policy run its one
+    policies = [f"members/{m['id']}/policy" for m in saved["league"]["members"]] if "league" in saved else ["policy"]
+    for policy in policies:
+        if find_checkpoint(path / policy) is None:
+            raise FileNotFoundError(f"resume={run_dir}: the run left no checkpoint ({policy}/trainer_state.pt)")
+    cfg = OmegaConf.create(saved)
     bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]
     if bad:
         raise ValueError(f"resume takes plain key=value overrides, not {', '.join(bad)}")
@@ -58,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     scale = commands.add_parser("scale", help="change how many actors of a kind a running run has: rollout=4")
     scale.add_argument("counts", nargs="+", help="<kind>=<count>, e.g. rollout=4")
     scale.add_argument("--run", help="the run directory (default: the latest running run under runs/)")
+    league = commands.add_parser("league", help="self-play leagues: run one, or print a run's league table")
+    league_commands = league.add_subparsers(dest="league_command", required=True)
+    league_run = league_commands.add_parser("run", help="run a league (configs/league.yaml)")
+    league_run.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. run.minutes=5 league=liars_dice")
+    league_table = league_commands.add_parser("table", help="ratings and payoff matrix of a league run")
+    league_table.add_argument("run_dir")
     args = parser.parse_args(argv)
     if args.command == "scale":
         return scale_command(args.counts, args.run)
@@ -66,9 +76,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print(listing())
         return 0
+    if args.command == "league" and args.league_command == "table":
+        return print_league_table(args.run_dir)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        cfg = load_config(args.overrides)
+        cfg = load_config(args.overrides, "league" if args.command == "league" else "launch")
         from actors.launcher import check_config
 
         check_config(cfg)
@@ -78,6 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         print(json.dumps(cfg, indent=2))
         return 0
+    if args.command == "league":
+        from actors.league_run import LeagueRun
+
+        summary = LeagueRun(cfg).execute()
+        print_league_table(summary["run_dir"])
+        return 130 if summary["interrupted"] else 0
     from actors.launcher import launch as run_launch
 
     summary = run_launch(cfg)
@@ -108,6 +126,23 @@ def parse_count(text: str) -> tuple[str, int]:
     if not actor or not count.isdigit():
         raise ValueError(f"{text!r}: expected <kind>=<count>, e.g. rollout=4")
     return actor, int(count)
+
+
+def print_league_table(run_dir: str) -> int:
+    """Print a league run's ratings and payoff matrix; write its ratings-over-time plot beside its state."""
+    from actors.league import load_state
+    from actors.league_table import format_table, plot_ratings
+
+    try:
+        state = load_state(Path(run_dir).expanduser())
+    except (FileNotFoundError, ValueError) as error:
+        print(f"tidal: {error}", file=sys.stderr)
+        return 2
+    print(format_table(state))
+    plot = Path(run_dir).expanduser() / "league" / "ratings.png"
+    plot_ratings(state, plot)
+    print(f"ratings over time: {plot}")
+    return 0
 
 
 def print_summary(summary: dict) -> None:

@@ -22,10 +22,18 @@ answer to a dead actor's request is dropped as a stray), and counts as started w
 (``started_before``, from replay): their episodes still in flight died with them and are replaced by new ones.
 With a ``ledger_dir`` each training episode's id is appended to ``<ledger_dir>/<name>.txt`` once the reward actor
 has acknowledged it: the chaos benchmark's record of what was produced.
+
+In a league (``peers`` holds ``league``, and ``rollout``/``reward`` map each member to its group), training
+matches come from the LeagueActor: the env actor asks for one naming the members it may admit (admission is
+kept per member, against that member's learner version), plays it with each seat's generation requests sent
+to the rollout group of the seat's member (a snapshot ``<member>-v<n>`` is served by its member's group),
+sends the learner's rows to that member's reward actor, and reports the returns to the league. Only the
+seats of the match's learner are trained on; the others (other members, snapshots, fixed opponents) play.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -39,8 +47,10 @@ import trio
 from actors.endpoints import Inbox, Outbox
 from actors.evaluation import EvaluationTally
 from envs.base import StepResult
-from envs.registry import make, make_opponent
-from streams.messages import VERSION_TOPIC, Completion, GenerationRequest, VersionAnnounced
+from actors.snapshots import parse_snapshot_id
+from envs.registry import OPPONENTS, make, make_opponent
+from streams.messages import VERSION_TOPIC, Completion, GenerationRequest, MatchAssigned, MatchRequest, MatchResult, \
+    VersionAnnounced
 from streams.schema import Columns, encode_table, trajectory_table
 from streams.wire import Kind
 
@@ -66,12 +76,17 @@ class EnvConfig:
     batch_episodes: int = 64  # the learner's batch size B, for admission
     admission_slot: tuple[int, int] = (0, 1)  # (i, n): this actor is i of n sharing the admission allowance
     start_version: int = 0  # the learner's version when this actor starts (a resumed run's checkpoint)
+    start_versions: dict = field(default_factory=dict)  # a league: each member's start version
     opponent: str = "random"  # the fixed opponent of the training games below
     opponent_share: float = 0.0  # fraction of training games against ``opponent`` instead of the mirror
     seed: int = 0
     incarnation: int = 0  # how many times this actor was restarted in its run
     started_before: int = 0  # training episodes its predecessors delivered in this run (a restart's admission)
     ledger_dir: str | None = None  # append each delivered training episode's id here (accounting)
+
+    def __post_init__(self):
+        if self.policy_id in OPPONENTS:
+            raise ValueError(f"policy_id {self.policy_id!r} is the name of a fixed opponent; choose another")
 
 
 class EnvActor:
@@ -80,17 +95,19 @@ class EnvActor:
         self._ids = itertools.count()  # episodes: "<name>-<incarnation>-<n>"
         self._request_ids = itertools.count(cfg.incarnation << 40)  # apart from any predecessor's
         self._rng = random.Random(cfg.seed)
-        self._waiting: dict[int, tuple[trio.Event, list, bytes]] = {}  # request id -> (done, completion, request)
+        self._waiting: dict[int, tuple[trio.Event, list, bytes, str]] = {}  # id -> (done, completion, request, group)
         self._evaluations: dict[str, EvaluationTally] = {}
         self._fixed_moves = 0  # moves played by fixed players, for FIXED_MOVES_PER_CHECKPOINT
         self._stats = {"episodes": 0, "steps": 0, "turns": 0, "invalid_actions": 0, "forfeits": 0, "errored": 0,
                        "truncated_actions": 0, "truncated_prompts": 0, "admission_waits": 0,
                        "train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
                        "abandoned_stale": 0, "reissued_requests": 0, "duplicate_completions": 0,
-                       "refused_generations": 0}
-        # Training episodes started and not dropped; a resumed run counts the episodes its learner consumed.
-        self._started = self._share(cfg.start_version * cfg.batch_episodes) + cfg.started_before
-        self.learner_version = cfg.start_version
+                       "train_episodes_without_rows": 0, "refused_generations": 0}
+        # Per learning member: its learner's version, and the training episodes started and not dropped (a
+        # resumed run counts the episodes its learner consumed).
+        self._versions = dict(cfg.start_versions or {cfg.policy_id: cfg.start_version})
+        self._started = {m: self._share(v * cfg.batch_episodes) for m, v in self._versions.items()}
+        self._started[cfg.policy_id] += cfg.started_before
         self._idle_games = [self._make_game()]  # also checks env_name and env_args now
         self._return_sums = [0.0] * self._idle_games[0].num_players
         self._nursery = None
@@ -102,25 +119,46 @@ class EnvActor:
         self.codec = TokenCodec(self.tokenizer)
         self._training_on = trio.Event()  # set while training episodes may start
         self._version_changed = trio.Event()
-        topic = VERSION_TOPIC + self.cfg.policy_id.encode()
+        rollouts, rewards = (by_member(peers[key], self.cfg.policy_id) for key in ("rollout", "reward"))
+        topics = [VERSION_TOPIC + member.encode() for member in self._versions]
         async with (
             transport.open_receiver(capacity=1024) as completions,
-            transport.open_sender(peers["rollout"], capacity=1024) as rollout,
-            transport.open_sender(peers["reward"], capacity=16) as reward,
-            transport.open_subscriber(peers.get("versions", []), topics=[topic]) as versions,
-            trio.open_nursery() as nursery,
+            transport.open_subscriber(peers.get("versions", []), topics=topics) as versions,
+            contextlib.AsyncExitStack() as stack,  # one sender per rollout group and reward actor, opened here
         ):
-            self._reply_to = completions.address
-            self._requests = Outbox(rollout, Kind.GENERATE, self.name)
-            self._rollouts = list(peers["rollout"])
-            self._episodes = Outbox(reward, Kind.EPISODES, self.name)
-            self._completions = Inbox(completions, Kind.COMPLETION, Completion.from_body)
-            self._nursery = nursery
-            nursery.start_soon(self._route_completions)
-            self._versions = Inbox(versions, Kind.VERSION, VersionAnnounced.from_body, topic=True)
-            nursery.start_soon(self._follow_versions, self._versions)
-            nursery.start_soon(self._train)
-            task_status.started({"completions": completions.address})
+            self._requests = {m: Outbox(await stack.enter_async_context(transport.open_sender(a, capacity=1024)),
+                                        Kind.GENERATE, self.name) for m, a in rollouts.items()}
+            self._episodes = {m: Outbox(await stack.enter_async_context(transport.open_sender(a, capacity=16)),
+                                        Kind.EPISODES, self.name) for m, a in rewards.items()}
+            self._rollouts = list(rollouts[self.cfg.policy_id])  # the own group's actors: a scale changes them
+            if "league" in peers:
+                await self._open_league(transport, peers["league"], stack)
+            async with trio.open_nursery() as nursery:
+                self._reply_to = completions.address
+                self._completions = Inbox(completions, Kind.COMPLETION, Completion.from_body)
+                self._nursery = nursery
+                nursery.start_soon(self._route_completions)
+                self._versions_inbox = Inbox(versions, Kind.VERSION, VersionAnnounced.from_body, topic=True)
+                nursery.start_soon(self._follow_versions, self._versions_inbox)
+                nursery.start_soon(self._train)
+                task_status.started({"completions": completions.address})
+
+    async def _open_league(self, transport, league: dict, stack: contextlib.AsyncExitStack) -> None:
+        matches = await stack.enter_async_context(transport.open_receiver(capacity=4))
+        requests = await stack.enter_async_context(transport.open_sender([league["requests"]], capacity=4))
+        results = await stack.enter_async_context(transport.open_sender([league["results"]], capacity=256))
+        self._league = {"reply_to": matches.address, "matches": Inbox(matches, Kind.MATCH, MatchAssigned.from_body),
+                        "requests": Outbox(requests, Kind.MATCH_REQUEST, self.name),
+                        "results": Outbox(results, Kind.MATCH_RESULT, self.name)}
+
+    @property
+    def learner_version(self) -> int:
+        """The version of this actor's own policy's learner (``policy_id``)."""
+        return self._versions.get(self.cfg.policy_id, 0)
+
+    @learner_version.setter
+    def learner_version(self, version: int) -> None:
+        self._versions[self.cfg.policy_id] = version
 
     # -- control (called on the actor's loop) ---------------------------------------------------------
 
@@ -135,6 +173,7 @@ class EnvActor:
         """Play ``games_per_seat`` games with ``player`` in each seat in turn and ``opponent`` in the others;
         results under ``tag``. ``player`` is the policy, or a fixed opponent's name (to calibrate a measure:
         how does minimax fare against random? or to host games with no model at all)."""
+        player = self.cfg.policy_id if player == POLICY else player
         tally = self._evaluations[tag] = EvaluationTally(tag, opponent, games_per_seat)
         seats = range(len(self._return_sums))
         matches = ((seat, self._seats(opponent, seat, player)) for _ in range(games_per_seat) for seat in seats)
@@ -145,7 +184,7 @@ class EnvActor:
         """Send requests to these rollout actors from now on (a scale): joining ones take work at once; a
         leaving one is sent nothing more, and what it was sent and had not acknowledged is dropped here: the
         launcher calls ``reissue`` once it is gone, and an answer that still comes is counted once."""
-        sender = self._requests.channel
+        sender = self._requests[self.cfg.policy_id].channel
         for address in set(self._rollouts) - set(addresses):
             sender.disconnect(address)
         for address in addresses:
@@ -156,7 +195,7 @@ class EnvActor:
     def reissue(self) -> int:
         """Send again every generation request still unanswered (a rollout actor died with some of them;
         which ones, only it knew). A request answered twice counts once. Returns how many go out."""
-        unanswered = [request_id for request_id, (_, slot, _) in self._waiting.items() if not slot]
+        unanswered = [request_id for request_id, (_, slot, _, _) in self._waiting.items() if not slot]
         self._nursery.start_soon(self._reissue, unanswered)
         return len(unanswered)
 
@@ -165,21 +204,22 @@ class EnvActor:
         return {
             **self._stats,
             "live_episodes": len(self._waiting),
-            "started": self._started,
+            "started": sum(self._started.values()),
             "learner_version": self.learner_version,
-            "admission_limit": self._admission_limit(),
+            "admission_limit": sum(map(self._admission_limit, self._started)),
+            "versions": dict(self._versions),
             **{f"mean_return_seat{seat}": total / episodes for seat, total in enumerate(self._return_sums)},
             "prompt_cache_hits": self.codec.hits if self._nursery else 0,
             "dropped_frames": self._completions.statistics()["dropped_frames"] if self._nursery else 0,
-            "streams": {"completions": self._completions.statistics(), "versions": self._versions.statistics()}
+            "streams": {"completions": self._completions.statistics(), "versions": self._versions_inbox.statistics()}
             if self._nursery else {},
             "evaluations": [t.summary() for t in self._evaluations.values()],
         }
 
     # -- episodes --------------------------------------------------------------------------------------
 
-    def _admission_limit(self) -> int:
-        return self._share((self.cfg.max_staleness + self.learner_version + 1) * self.cfg.batch_episodes)
+    def _admission_limit(self, member: str) -> int:
+        return self._share((self.cfg.max_staleness + self._versions[member] + 1) * self.cfg.batch_episodes)
 
     def _share(self, allowance: int) -> int:
         """This actor's exact share of ``allowance`` among the env actors."""
@@ -189,8 +229,8 @@ class EnvActor:
     async def _follow_versions(self, inbox: Inbox) -> None:
         while True:
             announced = await inbox.receive()
-            if announced.version > self.learner_version:
-                self.learner_version = announced.version
+            if announced.version > self._versions.get(announced.policy_id, announced.version):
+                self._versions[announced.policy_id] = announced.version
                 self._version_changed.set()
                 self._version_changed = trio.Event()
 
@@ -199,13 +239,30 @@ class EnvActor:
         async with trio.open_nursery() as nursery:
             while True:
                 await self._training_on.wait()
-                if self._started >= self._admission_limit():
+                admitted = [m for m, started in self._started.items() if started < self._admission_limit(m)]
+                if not admitted:
                     self._stats["admission_waits"] += 1
                     await self._version_changed.wait()
                     continue
                 await slots.acquire()
-                self._started += 1
-                nursery.start_soon(self._train_one, slots)
+                match = await self._next_match(admitted)
+                self._started[match.learner] += 1
+                nursery.start_soon(self._train_one, slots, match)
+
+    async def _next_match(self, admitted: list[str]) -> MatchAssigned:
+        """The league's next match for one of the ``admitted`` members; without a league, this policy's
+        mirror self-play or its game against the fixed opponent."""
+        if not hasattr(self, "_league"):
+            return MatchAssigned(-1, -1, self.cfg.policy_id, self._training_seats())
+        request_id = next(self._ids)
+        await self._league["requests"].send(MatchRequest(request_id, self._league["reply_to"], admitted).to_body())
+        while (match := await self._league["matches"].receive()).request_id != request_id:
+            self._stats["stray_matches"] = self._stats.get("stray_matches", 0) + 1
+        if match.learner not in self._started or len(match.seats) != len(self._return_sums):
+            raise ValueError(f"the league assigned match {match.match_id} for {match.learner!r} with "
+                             f"{len(match.seats)} seats; this actor admits {sorted(self._started)} in "
+                             f"{len(self._return_sums)}-seat games")
+        return match
 
     def _seats(self, opponent: str, seat: int, player: str = POLICY) -> list[str]:
         """``player`` (the policy, by default) in ``seat``, ``opponent`` in every other seat."""
@@ -214,27 +271,33 @@ class EnvActor:
     def _training_seats(self) -> list[str]:
         """Mirror self-play, or (a share ``opponent_share`` of games) the policy in one seat against the opponent."""
         if self._rng.random() >= self.cfg.opponent_share:
-            return [POLICY] * len(self._return_sums)
-        return self._seats(self.cfg.opponent, self._rng.randrange(len(self._return_sums)))
+            return [self.cfg.policy_id] * len(self._return_sums)
+        return self._seats(self.cfg.opponent, self._rng.randrange(len(self._return_sums)), self.cfg.policy_id)
 
-    async def _train_one(self, slots: trio.Semaphore) -> None:
+    async def _train_one(self, slots: trio.Semaphore, match: MatchAssigned) -> None:
         try:
-            seats = self._training_seats()
-            played = await self._play(seats, self._rng.randrange(2**31), staleness_bound=self.cfg.max_staleness)
-            if played is not None:
-                policy_returns = [r for r, who in zip(played[1], seats) if who == POLICY]
+            seats, learner = match.seats, match.learner
+            played = await self._play(seats, self._rng.randrange(2**31), staleness_bound=self.cfg.max_staleness,
+                                      learner=learner)
+            if played is not None and played[0]:
+                policy_returns = [r for r, who in zip(played[1], seats) if who == learner]
                 self._stats["train_episodes"] += 1
                 self._stats["train_return_sum"] += sum(policy_returns) / len(policy_returns)
-                await self._episodes.send(encode_table(trajectory_table(played[0])))
+                await self._episodes[learner].send(encode_table(trajectory_table(played[0])))
                 if self.cfg.ledger_dir and played[0]:
-                    await self._record_delivery(played[0][0][Columns.EPISODE_ID])
-            else:  # errored or abandoned: it will never be consumed, so it gives its admission back
-                self._started -= 1
+                    await self._record_delivery(learner, played[0][0][Columns.EPISODE_ID])
+            else:  # errored, abandoned, or over before the learner's turn (an opponent's forfeit with more than two
+                self._started[learner] -= 1  # players): never consumed, so it gives its admission back
+                self._stats["train_episodes_without_rows"] += played is not None
+            if match.match_id >= 0:
+                returns = played[1] if played is not None else [0.0] * len(seats)
+                result = MatchResult(match.match_id, learner, seats, returns, errored=played is None)
+                await self._league["results"].send(result.to_body())
         finally:
             slots.release()
 
-    async def _record_delivery(self, episode_id: str) -> None:
-        await self._episodes.channel.drain()  # the reward actor has it, and replay before it acknowledged
+    async def _record_delivery(self, learner: str, episode_id: str) -> None:
+        await self._episodes[learner].channel.drain()  # the reward actor has it, and replay before it acknowledged
         with open(f"{self.cfg.ledger_dir}/{self.name}.txt", "a") as f:
             f.write(episode_id + "\n")
 
@@ -244,7 +307,7 @@ class EnvActor:
 
         async def worker():
             for seat, seats in matches:  # next() never awaits: no two workers take the same match
-                played = await self._play(seats, self._rng.randrange(2**31))
+                played = await self._play(seats, self._rng.randrange(2**31), learner=seats[seat])
                 if played is not None:  # an errored game is counted in statistics()["errored"], not as a result
                     tally.add(seat, played[1], played[0])
 
@@ -258,16 +321,17 @@ class EnvActor:
         return make(cfg.env_name, invalid_penalty=cfg.invalid_penalty, max_retries=cfg.max_retries,
                      retry_penalty=cfg.retry_penalty, **cfg.env_args)
 
-    async def _play(self, seats: list[str], seed: int,
-                    staleness_bound: int | None = None) -> tuple[list[dict], list[float]] | None:
-        """One episode: the policy's agent-turn rows and every seat's return.
+    async def _play(self, seats: list[str], seed: int, staleness_bound: int | None = None,
+                    learner: str | None = None) -> tuple[list[dict], list[float]] | None:
+        """One episode: the agent-turn rows of ``learner``'s seats and every seat's return. A seat is a policy
+        (a member or a snapshot: generated) or a fixed opponent's name.
 
         None: the environment raised, or (with ``staleness_bound``) the episode fell so far behind the learner
         that the learner would reject it; it is abandoned at once rather than played to the end for nothing.
         """
         episode_id = f"{self.name}-{self.cfg.incarnation}-{next(self._ids)}"
         try:
-            return await self._play_episode(episode_id, seats, seed, staleness_bound)
+            return await self._play_episode(episode_id, seats, seed, staleness_bound, learner)
         except _FellBehind:
             self._stats["abandoned_stale"] += 1
             return None
@@ -282,20 +346,20 @@ class EnvActor:
             self._stats["errored"] += 1
             return None
 
-    async def _play_episode(self, episode_id: str, seats: list[str], seed: int,
-                            staleness_bound: int | None) -> tuple[list[dict], list[float]]:
+    async def _play_episode(self, episode_id: str, seats: list[str], seed: int, staleness_bound: int | None,
+                            learner: str | None) -> tuple[list[dict], list[float]]:
         # a finished game is reset and reused (making one can cost more than playing it); a raising one is not
         game = self._idle_games.pop() if self._idle_games else self._make_game()
         game.reset(seed)
-        fixed = [None if name == POLICY else make_opponent(name, seed=seed + s) for s, name in enumerate(seats)]
-        episode = self._episode_columns(episode_id, seats, seed) if None in fixed else None  # every row shares it
+        fixed = [make_opponent(name, seed=seed + s) if name in OPPONENTS else None for s, name in enumerate(seats)]
+        episode = self._episode_columns(episode_id, seats, seed, learner) if None in fixed else None  # rows share it
         credit = RewardCredit(game.num_players)
         for turn in itertools.count():
             seat = game.current_player
             player = fixed[seat]
             if player is None:
                 row = {**episode, Columns.TURN: turn, Columns.AGENT: seat}
-                result = await self._policy_move(game, row, credit, staleness_bound)
+                result = await self._policy_move(game, row, credit, staleness_bound, seats[seat], seats[seat] == learner)
             else:
                 result = await _step(game, player.act(game), credit)
                 self._fixed_moves += 1
@@ -311,34 +375,38 @@ class EnvActor:
             self._return_sums[s] += r
         return credit.rows, credit.returns
 
-    async def _policy_move(self, game, row: dict, credit: RewardCredit, staleness_bound: int | None) -> StepResult:
-        """The policy's move in seat ``row[AGENT]``: asked of the rollout, played, its row added to ``credit``."""
-        if staleness_bound is not None and credit.rows and \
-                self.learner_version - min(credit.rows[0][Columns.POLICY_VERSIONS] or [0]) > staleness_bound:
+    async def _policy_move(self, game, row: dict, credit: RewardCredit, staleness_bound: int | None,
+                           policy: str, trained: bool) -> StepResult:
+        """``policy``'s move in seat ``row[AGENT]``: asked of its rollout group and played; its row is added to
+        ``credit`` when ``trained`` (the learner's seats), else it only plays."""
+        if trained and staleness_bound is not None and credit.rows and \
+                self._versions[policy] - min(credit.rows[0][Columns.POLICY_VERSIONS] or [0]) > staleness_bound:
             raise _FellBehind(row[Columns.EPISODE_ID])
-        row = await self._policy_turn(game.observation(row[Columns.AGENT]), row, getattr(game, "max_tokens", None))
-        credit.add_row(row)
+        row = await self._policy_turn(game.observation(row[Columns.AGENT]), row, getattr(game, "max_tokens", None),
+                                      policy)
+        if trained:
+            credit.add_row(row)
         result = await _step(game, row[Columns.ACTION_TEXT], credit)
         row[Columns.INVALID_ACTION] = result.invalid
         self._stats["invalid_actions"] += result.invalid
         self._stats["forfeits"] += "forfeit" in result.info
         return result
 
-    def _episode_columns(self, episode_id: str, seats: list[str], seed: int) -> dict:
+    def _episode_columns(self, episode_id: str, seats: list[str], seed: int, learner: str | None) -> dict:
         """What every row of an episode shares."""
         return {
             Columns.EPISODE_ID: episode_id, Columns.ENV_NAME: self.cfg.env_name,
-            Columns.SEED: seed, Columns.POLICY_ID: self.cfg.policy_id, Columns.CREATED_AT: time.time(),
-            Columns.MATCHUP: ",".join(self.cfg.policy_id if name == POLICY else name for name in seats),
+            Columns.SEED: seed, Columns.POLICY_ID: learner or self.cfg.policy_id, Columns.CREATED_AT: time.time(),
+            Columns.MATCHUP: ",".join(seats),
         }
 
-    async def _policy_turn(self, prompt: str, row: dict, max_tokens: int | None = None) -> dict:
+    async def _policy_turn(self, prompt: str, row: dict, max_tokens: int | None, policy: str) -> dict:
         """Ask the policy for a move; ``row`` holds the episode's and the turn's columns so far."""
         prompt_ids = self.codec.encode(prompt)
         if self.cfg.max_prompt_tokens and len(prompt_ids) > self.cfg.max_prompt_tokens:
             prompt_ids = prompt_ids[-self.cfg.max_prompt_tokens:]
             self._stats["truncated_prompts"] += 1
-        completion = await self._generate(prompt_ids, max_tokens or self.cfg.max_new_tokens)
+        completion = await self._generate(prompt_ids, max_tokens or self.cfg.max_new_tokens, policy)
         self._stats["turns"] += 1
         self._stats["truncated_actions"] += not completion.finished
         return {
@@ -350,14 +418,20 @@ class EnvActor:
             Columns.GENERATED_AT: time.time(), Columns.SCORED_AT: 0.0,
         }
 
-    async def _generate(self, prompt_ids: list[int], max_tokens: int) -> Completion:
+    async def _generate(self, prompt_ids: list[int], max_tokens: int, policy: str) -> Completion:
+        """A completion from ``policy``'s rollout group: a live member's at least at the version this actor
+        knows of; a snapshot's (frozen) from its member's group, at any version."""
         request_id = next(self._request_ids)
         done, slot = trio.Event(), []
-        body = GenerationRequest(request_id, self._reply_to, self.cfg.policy_id, prompt_ids,
-                                 self.cfg.temperature, max_tokens, self.learner_version).to_body()
-        self._waiting[request_id] = (done, slot, body)
+        snapshot = parse_snapshot_id(policy) if policy not in self._requests else None
+        group = snapshot[0] if snapshot else policy
+        if group not in self._requests:
+            raise ValueError(f"no rollout group serves policy {policy!r} (groups: {sorted(self._requests)})")
+        body = GenerationRequest(request_id, self._reply_to, policy, prompt_ids, self.cfg.temperature, max_tokens,
+                                 0 if snapshot else self._versions.get(policy, 0)).to_body()
+        self._waiting[request_id] = (done, slot, body, group)
         try:
-            await self._requests.send(body)
+            await self._requests[group].send(body)
             await done.wait()
         finally:
             self._waiting.pop(request_id, None)
@@ -377,10 +451,15 @@ class EnvActor:
 
     async def _reissue(self, request_ids: list[int]) -> None:
         for request_id in request_ids:
-            _, slot, body = self._waiting.get(request_id, (None, True, None))
+            _, slot, body, group = self._waiting.get(request_id, (None, True, None, None))
             if not slot:  # answered (or ended) since reissue() was called: nothing to send
-                await self._requests.send(body)
+                await self._requests[group].send(body)
                 self._stats["reissued_requests"] += 1
+
+
+def by_member(peers: list[str] | dict[str, list[str]], policy_id: str) -> dict[str, list[str]]:
+    """Addresses per learning member: a league's map as it is, one policy's list under its id."""
+    return dict(peers) if isinstance(peers, dict) else {policy_id: list(peers)}
 
 
 async def _step(game, action: str, credit: RewardCredit) -> StepResult:

@@ -194,3 +194,69 @@ def launch(cfg: dict) -> dict:
 
     check_config(cfg)
     return Run(cfg).execute()
+
+
+@dataclass
+class LeagueTopology:
+    """A league's actors: per learning member its learner, replay, reward and rollout group; shared env
+    actors; and the league."""
+
+    members: dict[str, Topology] = field(default_factory=dict)
+    envs: list[str] = field(default_factory=list)
+    league: str = "league"
+
+    def names(self) -> list[str]:
+        return [self.league, *(n for top in self.members.values() for n in top.names() if n not in self.envs),
+                *self.envs]
+
+
+def build_league_topology(cluster, cfg: dict, model_path: str | Path, run_dir: Path) -> LeagueTopology:
+    """Start and connect a self-play league: the whole graph, in one place.
+
+    per member m: env -> reward-m -> replay-m -> learner-m; learner-m -> rollout-m-* (weights) and -> env
+    (versions); env -> rollout-m-* (requests for m and m's snapshots, read from run_dir/league/snapshots);
+    matches: env -> league (requests, results), league -> env (assignments).
+    """
+    from actors.league import LeagueActor, LeagueConfig
+
+    league_cfg, top = cfg["league"], LeagueTopology()
+    sampling, resume = cfg["sampling"], bool(cfg.get("resume"))
+    snapshots = run_dir / "league" / "snapshots"
+    snapshots.mkdir(parents=True, exist_ok=True)
+    league = cluster.spawn(top.league, LeagueActor, LeagueConfig(
+        members=[{"id": m["id"], "role": m["role"]} for m in league_cfg["members"]], state_dir=str(run_dir / "league"),
+        resume=resume, seed=cfg["run"]["seed"], **league_cfg["args"]), peers={})
+    rollouts, rewards, publishers, versions = {}, {}, [], {}
+    for k, member in enumerate(league_cfg["members"]):
+        m = member["id"]
+        mtop = Topology(f"learner-{m}", f"replay-{m}", f"reward-{m}")
+        base = str(member.get("model") or model_path)
+        learner = cluster.spawn(mtop.learner, LearnerActor, LearnerConfig(
+            model_path=base, temperature=sampling["temperature"], save_dir=str(run_dir / "members" / m / "policy"),
+            max_staleness=cfg["learner"]["max_staleness"], seed=cfg["run"]["seed"] + 101 * k,
+            checkpoint_every=cfg["learner"].get("checkpoint_every", 0), resume=resume,
+            **{**cfg["learner"]["args"], "policy_id": m}), peers={})
+        replay = cluster.spawn(mtop.replay, ReplayActor, ReplayConfig(**cfg["replay"]["args"]),
+                               peers={"learner": [learner["batches"]]})
+        rewards[m] = [cluster.spawn(mtop.reward, RewardActor, RewardConfig(**cfg["reward"]["args"]),
+                                    peers={"replay": [replay["episodes"]]})["episodes"]]
+        rollouts[m] = []
+        for i in range(cfg["rollout"]["count"]):
+            mtop.rollouts.append(f"rollout-{m}-{i}")
+            rollouts[m].append(cluster.spawn(mtop.rollouts[-1], RolloutActor, RolloutConfig(
+                model_path=base, backend=cfg["rollout"]["backend"], seed=cfg["run"]["seed"] + 101 * k + i,
+                snapshot_dir=str(snapshots), **{**cfg["rollout"]["args"], "policy_id": m}),
+                peers={"weights": [learner["weights"]]})["requests"])
+        publishers.append(learner["weights"])
+        versions[m] = learner["version"]
+        top.members[m] = mtop
+    for i in range(cfg["env"]["count"]):
+        top.envs.append(f"env-{i}")
+        cluster.spawn(top.envs[-1], EnvActor, EnvConfig(
+            tokenizer_path=str(model_path), temperature=sampling["temperature"],
+            max_new_tokens=sampling["max_new_tokens"], max_staleness=cfg["learner"]["max_staleness"],
+            batch_episodes=cfg["replay"]["args"]["batch_episodes"], admission_slot=(i, cfg["env"]["count"]),
+            start_versions=versions, seed=cfg["run"]["seed"] * 1000 + i,
+            **{**cfg["env"]["args"], "policy_id": league_cfg["members"][0]["id"]}),
+            peers={"rollout": rollouts, "reward": rewards, "versions": publishers, "league": league})
+    return top

@@ -18,6 +18,9 @@ that order, exactly once, and its checkpoint records the last number it consumed
 the cursor (sent again after a restart) is dropped and counted, and so is one that comes early (after a
 restart, before replay's ``rewind`` sends the missing ones in order). A restarted learner thus goes on from its
 checkpoint with the batches after it, and with the same random state: it retrains them as before.
+
+In a league, ``snapshot(root)`` asks for a frozen snapshot of the policy (``actors/snapshots.py``): it is
+written between two updates, as ``<root>/<policy_id>-v<version>``, and listed in ``statistics()["snapshots"]``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import trio
 
 from actors.base_model import load_policy
 from actors.endpoints import Inbox, Outbox
+from actors.snapshots import snapshot_id, write_snapshot
 from actors.training import Objective, TrainerState, collate, policy_gradient_step
 from actors.weights import WeightsPublisher, weights_to_bytes
 from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, VersionAnnounced, WeightsFetch
@@ -87,6 +91,8 @@ class LearnerActor:
         self._inbox = None
         self._weights = None
         self._streams: dict = {}
+        self._snapshot_roots = None  # where snapshots were asked for (a memory channel once running)
+        self.snapshots: list[dict] = []  # {"id", "version", "path"} of every snapshot written
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         model, tokenizer, optimizer = await trio.to_thread.run_sync(self._load)
@@ -109,6 +115,9 @@ class LearnerActor:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._announce, versions_out, weights)
                     nursery.start_soon(weights.serve_chunks, fetch_inbox, transport)
+                    model_lock = trio.Lock()  # an update and a snapshot never touch the model at once
+                    self._snapshot_roots, roots = trio.open_memory_channel(16)
+                    nursery.start_soon(self._write_snapshots, roots, model, tokenizer, model_lock)
                     await weights.publish(self.version, await trio.to_thread.run_sync(weights_to_bytes, model))
                     while True:
                         table, seq = await self._inbox.receive()
@@ -119,7 +128,8 @@ class LearnerActor:
                         table = self._within_bound(table)
                         if table is None:
                             continue
-                        stats = await trio.to_thread.run_sync(self._update, model, optimizer, tokenizer, table)
+                        async with model_lock:
+                            stats = await trio.to_thread.run_sync(self._update, model, optimizer, tokenizer, table)
                         tensors = await trio.to_thread.run_sync(weights_to_bytes, model)
                         await weights.publish(self.version, tensors)
                         await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
@@ -132,6 +142,21 @@ class LearnerActor:
                 if self.cfg.save_dir:
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(self._save, model, tokenizer, optimizer)
+
+    def snapshot(self, root: str) -> None:
+        """Ask for a frozen snapshot of the policy under ``root`` (written between two updates)."""
+        self._snapshot_roots.send_nowait(root)
+
+    async def _write_snapshots(self, roots, model, tokenizer, model_lock: trio.Lock) -> None:
+        async for root in roots:
+            async with model_lock:
+                name = snapshot_id(self.cfg.policy_id, self.version)
+                path = Path(root) / name
+                if not path.exists():  # asked twice at one version (or before a resume): the first is the snapshot
+                    await trio.to_thread.run_sync(write_snapshot, model, tokenizer, path)
+                    log.info("snapshot %s written to %s", name, path)
+                if all(s["id"] != name for s in self.snapshots):
+                    self.snapshots.append({"id": name, "version": self.version, "path": str(path)})
 
     async def _announce(self, versions_out: Outbox, weights: WeightsPublisher) -> None:
         while True:
@@ -237,7 +262,7 @@ class LearnerActor:
         wall = time.perf_counter() - self._first_batch_at if self._first_batch_at else 0.0
         busy = min((self._totals["train_s"] - self._resumed_train_s) / wall, 1.0) if wall > 0 else 0.0
         return {**self._totals, **self._out_of_order, "version": self.version, "cursor": self.cursor, "last": last,
-                "dropped_frames": dropped, "busy": busy,
+                "dropped_frames": dropped, "busy": busy, "snapshots": list(self.snapshots),
                 "staleness_hist": {str(k): self._staleness[k] for k in sorted(self._staleness)},
                 "weights": self._weights.stats if self._weights else {},
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}

@@ -15,19 +15,21 @@ log = logging.getLogger(__name__)
 class Evaluation:
     """One evaluation round, split across the env actors, collected when every share is done."""
 
-    def __init__(self, cluster, envs: list[str], tag: str, games_per_seat: int, opponent: str):
-        self.cluster, self.envs, self.tag, self.opponent = cluster, envs, tag, opponent
+    def __init__(self, cluster, envs: list[str], tag: str, games_per_seat: int, opponent: str,
+                 player: str = "policy"):
+        """``player``: the env actors' own policy, or (a league) a member's id."""
+        self.cluster, self.envs, self.tag, self.opponent, self.player = cluster, envs, tag, opponent, player
         shares = [games_per_seat // len(envs) + (i < games_per_seat % len(envs)) for i in range(len(envs))]
         self.started = time.time()
         self.shares = {env: share for env, share in zip(envs, shares) if share}
         for env, share in self.shares.items():
-            cluster.call(env, "evaluate", tag, share, opponent)
+            cluster.call(env, "evaluate", tag, share, opponent, player)
         self.envs = list(self.shares)
 
     def restarted(self, env: str) -> None:
         """``env`` died with its share of the games: its successor plays the whole share again."""
         if env in self.shares:
-            self.cluster.call(env, "evaluate", self.tag, self.shares[env], self.opponent)
+            self.cluster.call(env, "evaluate", self.tag, self.shares[env], self.opponent, self.player)
 
     def result(self, env_stats: dict[str, dict]) -> dict | None:
         """The merged result once every env actor has finished its share, else None."""
@@ -44,7 +46,8 @@ class Evaluation:
         versions = [v for p in parts for v in (p["version_min"], p["version_max"]) if v is not None]
         return {
             "tag": self.tag, "opponent": self.opponent, "seats": seats,
-            "nonloss_by_seat": nonloss, "nonloss": sum(nonloss.values()) / len(nonloss),
+            "nonloss_by_seat": nonloss, "nonloss": sum(nonloss.values()) / len(nonloss), "player": self.player,
+            "win_rate": sum(c["wins"] for c in seats.values()) / max(sum(c["games"] for c in seats.values()), 1),
             "invalid_rate": sum(c["invalid"] for c in seats.values()) / sum(c["games"] for c in seats.values()),
             "version_min": min(versions, default=None), "version_max": max(versions, default=None),
             "seconds": time.time() - self.started,

@@ -12,6 +12,11 @@ version of every token, each completion sent to the address named in its request
 
 Either way a request waits until the actor holds weights at least as new as its ``min_version``, so no
 token is older than the learner version its env actor acted on.
+
+In a league the actor also serves its member's frozen snapshots (``hf``): a request whose ``policy_id`` is a
+snapshot id ``<policy_id>-v<n>`` is sampled with that snapshot's weights, loaded from ``snapshot_dir`` on first
+use (checked against its checksums) and kept, up to ``max_snapshots`` of them, the least recently used out.
+Its tokens carry the snapshot's version. One process serves the live policy and every snapshot.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
@@ -28,6 +34,7 @@ import trio
 from actors.base_model import load_policy
 from actors.endpoints import Inbox, Outbox
 from actors.sampling import sample
+from actors.snapshots import SnapshotError, load_snapshot, parse_snapshot_id
 from actors.vllm_engine import VllmOptions
 from actors.weights import FetchedWeights, WeightsFollower, load_weights
 from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest, WeightsManifest
@@ -46,6 +53,8 @@ class RolloutConfig:
     interruptible: bool = True  # hf: apply new weights between decoding steps, not only between batches
     vllm: VllmOptions = field(default_factory=VllmOptions)  # a dict is accepted
     seed: int = 0
+    snapshot_dir: str | None = None  # a league's snapshots (<policy_id>-v<n>/), served beside the live policy
+    max_snapshots: int = 8  # snapshot models kept loaded
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -72,6 +81,7 @@ class RolloutActor:
         self._streams: dict = {}
         self._inbox = None
         self._sampler = None
+        self._snapshots: OrderedDict[str, tuple] = OrderedDict()  # snapshot id -> (model, version), LRU
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         engine = await trio.to_thread.run_sync(self._load)  # hf: (model, tokenizer); vllm: a VllmSampler
@@ -181,9 +191,48 @@ class RolloutActor:
                     batch.append(queue_out.receive_nowait())
                 except trio.WouldBlock:
                     break
-            await self._catch_up(model, max(request.min_version for request in batch))
-            for answer in await self._generate(model, tokenizer, batch, generator):
-                await completions.send(answer)
+            live = [r for r in batch if r.policy_id == self.cfg.policy_id]
+            if live:
+                await self._catch_up(model, max(request.min_version for request in live))
+                for answer in await self._generate(model, tokenizer, live, generator):
+                    await completions.send(answer)
+            for policy, requests in self._by_snapshot([r for r in batch if r.policy_id != self.cfg.policy_id]):
+                snapshot, refusal = await self._snapshot(policy)
+                if snapshot is None:  # each request is answered with the reason; its env drops that episode
+                    for request in requests:
+                        await completions.send((Completion.refused(request.request_id, refusal), request))
+                    continue
+                for answer in await self._generate(snapshot[0], tokenizer, requests, generator, snapshot[1]):
+                    await completions.send(answer)
+
+    @staticmethod
+    def _by_snapshot(requests: list[GenerationRequest]) -> list[tuple[str, list[GenerationRequest]]]:
+        groups: dict[str, list[GenerationRequest]] = {}
+        for request in requests:
+            groups.setdefault(request.policy_id, []).append(request)
+        return list(groups.items())
+
+    async def _snapshot(self, policy: str) -> tuple[tuple | None, str]:
+        """((model, version), "") of a snapshot of this actor's policy, loaded on first use; (None, the reason)
+        (logged, counted) for a policy this actor does not serve or a snapshot that fails its checksums."""
+        if policy in self._snapshots:
+            self._snapshots.move_to_end(policy)
+            return self._snapshots[policy], ""
+        parsed = parse_snapshot_id(policy)
+        try:
+            if parsed is None or parsed[0] != self.cfg.policy_id or not self.cfg.snapshot_dir:
+                raise SnapshotError(f"{self.name} serves {self.cfg.policy_id!r} and its snapshots "
+                                    f"(snapshot_dir={self.cfg.snapshot_dir}), not {policy!r}")
+            model, _ = await trio.to_thread.run_sync(load_snapshot, f"{self.cfg.snapshot_dir}/{policy}")
+        except (SnapshotError, OSError) as error:
+            self._stats["unknown_policy"] = self._stats.get("unknown_policy", 0) + 1
+            log.warning("%s: requests for %s refused: %s", self.name, policy, error)
+            return None, str(error)
+        self._snapshots[policy] = (model, parsed[1])
+        self._stats["snapshots_loaded"] = self._stats.get("snapshots_loaded", 0) + 1
+        while len(self._snapshots) > self.cfg.max_snapshots:
+            self._snapshots.popitem(last=False)
+        return self._snapshots[policy], ""
 
     async def _serve_streams(self, queue_out, sampler, completions) -> None:
         """vllm: every request a task of its own, up to ``max_batch`` in flight; the engine batches them."""
@@ -199,6 +248,11 @@ class RolloutActor:
 
     async def _answer(self, request: GenerationRequest, sampler, completions, slots: trio.Semaphore) -> None:
         try:
+            if request.policy_id != self.cfg.policy_id:  # snapshots are served by the hf backend only
+                self._stats["unknown_policy"] = self._stats.get("unknown_policy", 0) + 1
+                reason = f"{self.name} (vllm) serves {self.cfg.policy_id!r} only, not {request.policy_id!r}"
+                await completions.send((Completion.refused(request.request_id, reason), request))
+                return
             await self._wait_for_version(request.min_version)
             try:
                 s = await sampler.sample(request.prompt_ids, temperature=request.temperature,
@@ -241,18 +295,21 @@ class RolloutActor:
                 log.warning("%s: still waiting for weights of version %d (holding %d)", self.name, needed,
                             self.version)
 
-    async def _generate(self, model, tokenizer, batch: list[GenerationRequest], generator):
-        """Sample every request of the batch; requests with the same sampling settings share one pass."""
+    async def _generate(self, model, tokenizer, batch: list[GenerationRequest], generator,
+                        frozen_version: int | None = None):
+        """Sample every request of the batch; requests with the same sampling settings share one pass.
+        ``frozen_version``: the model is a snapshot of that version (no new weights go into it)."""
         groups: dict[tuple, list[GenerationRequest]] = {}
         for request in batch:
             groups.setdefault((request.temperature, request.max_tokens), []).append(request)
         results, started = [], time.perf_counter()
-        swap = (lambda: self._swap_mid_batch(model)) if self.cfg.interruptible else None
+        swap = (lambda: self._swap_mid_batch(model)) if self.cfg.interruptible and frozen_version is None else None
         for (temperature, max_tokens), requests in groups.items():
             samples = await trio.to_thread.run_sync(lambda: sample(
                 model, [r.prompt_ids for r in requests], eos_id=tokenizer.eos_token_id,
                 pad_id=tokenizer.pad_token_id, temperature=temperature, max_new_tokens=max_tokens,
-                generator=generator, version=self.version, swap_weights=swap))
+                generator=generator, version=self.version if frozen_version is None else frozen_version,
+                swap_weights=swap))
             for request, s in zip(requests, samples):
                 completion = Completion(request.request_id, s.tokens, s.logprobs, s.versions, s.finished)
                 results.append((completion, request))

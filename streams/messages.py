@@ -261,3 +261,85 @@ class ScaleAnswered:
     def from_body(cls, body) -> ScaleAnswered:
         f = _fields(body, cls.NAMES, "scale answer", (bool, str, int))
         return cls(f["ok"], f["message"], f["actors"])
+MAX_SEATS = 16
+
+
+def _names(value, what: str, field_name: str) -> list[str]:
+    """A non-empty list of short policy or opponent names, at most MAX_SEATS of them."""
+    if not isinstance(value, list) or len(value) > MAX_SEATS or \
+            any(not isinstance(v, str) or not 0 < len(v) <= 128 for v in value):
+        raise FrameError(f"{what} message field {field_name} is not a list of at most {MAX_SEATS} names")
+    return value
+
+
+@dataclass
+class MatchRequest:
+    """An env actor wants a league match for one of the learning members in ``open_members`` (those it may
+    start a training episode for now: admission); reply to ``reply_to``."""
+
+    request_id: int
+    reply_to: str
+    open_members: list[str]
+
+    NAMES = ("id", "reply_to", "open")
+
+    def to_body(self) -> bytes:
+        return pack(dict(zip(self.NAMES, (self.request_id, self.reply_to, self.open_members))))
+
+    @classmethod
+    def from_body(cls, body) -> MatchRequest:
+        f = _fields(body, cls.NAMES, "match request", (int, str))
+        return cls(f["id"], _address(f["reply_to"], "match request"), _names(f["open"], "match request", "open"))
+
+
+@dataclass
+class MatchAssigned:
+    """Match ``match_id`` for request ``request_id``: ``seats[s]`` is a learning member (live weights), a frozen
+    snapshot or a fixed opponent; the seats held by ``learner`` are trained on, the others only play."""
+
+    request_id: int
+    match_id: int
+    learner: str
+    seats: list[str]
+
+    NAMES = ("id", "match", "learner", "seats")
+
+    def to_body(self) -> bytes:
+        return pack(dict(zip(self.NAMES, (self.request_id, self.match_id, self.learner, self.seats))))
+
+    @classmethod
+    def from_body(cls, body) -> MatchAssigned:
+        f = _fields(body, cls.NAMES, "match", (int, int, str))
+        seats = _names(f["seats"], "match", "seats")
+        if f["learner"] not in seats:
+            raise FrameError(f"match {f['match']}: its learner {f['learner']!r} holds no seat")
+        return cls(f["id"], f["match"], f["learner"], seats)
+
+
+@dataclass
+class MatchResult:
+    """How match ``match_id`` ended: every seat's return (``errored``: it did not finish, nothing to rate)."""
+
+    match_id: int
+    learner: str
+    seats: list[str]
+    returns: list[float]
+    errored: bool = False
+
+    NAMES = ("match", "learner", "seats", "returns", "errored")
+
+    def to_body(self) -> bytes:
+        values = (self.match_id, self.learner, self.seats, [float(r) for r in self.returns], self.errored)
+        return pack(dict(zip(self.NAMES, values)))
+
+    @classmethod
+    def from_body(cls, body) -> MatchResult:
+        f = _fields(body, cls.NAMES, "match result", (int, str))
+        seats = _names(f["seats"], "match result", "seats")
+        returns = f["returns"]
+        if not isinstance(returns, list) or len(returns) != len(seats) or \
+                any(isinstance(r, bool) or not isinstance(r, (int, float)) for r in returns):
+            raise FrameError(f"match result {f['match']}: returns are not one number per seat")
+        if not isinstance(f["errored"], bool):
+            raise FrameError("match result message field errored is not a bool")
+        return cls(f["match"], f["learner"], seats, [float(r) for r in returns], f["errored"])

@@ -35,3 +35,19 @@ def test_async_vs_sync_quick(tmp_path):
     lines = run("async_vs_sync.py", tmp_path)
     assert re.fullmatch(r"speedup=[\d.]+ learner_busy=[\d.]+ eta=\d+", lines[-1]), lines[-1]
     assert any(line.startswith("eta=0:") for line in lines) and any(line.startswith("eta=2:") for line in lines)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_league_quick_on_ray(tmp_path, tiny_model_dir):
+    """Three learning members and their snapshots on Kuhn Poker, every actor a Ray actor, streams on ZeroMQ."""
+    import json
+
+    lines = run("league.py", tmp_path, f"model.path={tiny_model_dir}")
+    last = re.fullmatch(r"members=3 snapshots=(\d+) matches=(\d+) main_exploitability=([\d.]+) "
+                        r"main_vs_random=([\d.]+)", lines[-1])
+    assert last, lines[-1]
+    assert int(last[1]) >= 1 and int(last[2]) > 0
+    report = json.loads((tmp_path / "league.json").read_text())
+    assert report["snapshots_played"]  # snapshots were served from disk by rollout actors and played
+    assert 0 <= report["main_nash_conv"] <= 3 and len(report["main_policy"]) == 12  # every information state

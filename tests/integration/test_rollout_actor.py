@@ -47,3 +47,41 @@ def test_a_request_waits_for_the_weights_of_its_min_version(tiny_model_dir, tmp_
     assert set(seen["v0"].versions) == {0} and seen["held_at"] == 0
     assert seen["v1"].request_id == 2 and set(seen["v1"].versions) == {1}
     assert seen["stats"]["version"] == 1 and seen["stats"]["weights_applied"] == 1
+
+
+def test_snapshots_are_served_beside_the_live_policy_and_a_bad_one_is_refused(tiny_model_dir, tmp_path):
+    """A league's rollout actor: a request for ``main-v7`` is sampled with that snapshot (its tokens carry
+    version 7) by the same actor that serves ``main``; a missing or tampered snapshot is refused, with why."""
+    from actors.base_model import load_policy
+    from actors.snapshots import write_snapshot
+
+    model, tokenizer = load_policy(tiny_model_dir)
+    write_snapshot(model, tokenizer, tmp_path / "main-v7")
+    tampered = write_snapshot(model, tokenizer, tmp_path / "main-v8")
+    (tampered / "config.json").chmod(0o644)
+    (tampered / "config.json").write_text((tampered / "config.json").read_text() + " ")
+    prompt = tokenizer("Kuhn Poker. Your card: K.\nMove:")["input_ids"]
+    seen = {}
+
+    async def main():
+        transport = MemoryTransport()
+        rollout = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir), snapshot_dir=str(tmp_path)))
+        async with transport.open_receiver() as completions, trio.open_nursery() as nursery:
+            addresses = await nursery.start(rollout.run, transport, {"weights": []})
+            replies = Inbox(completions, Kind.COMPLETION, Completion.from_body)
+            async with transport.open_sender([addresses["requests"]]) as requests:
+                out = Outbox(requests, Kind.GENERATE, "env")
+                for i, policy in enumerate(["main", "main-v7", "main-v8", "main-v9", "other-v7"]):
+                    await out.send(GenerationRequest(i, completions.address, policy, prompt, 1.0, 4, 0).to_body())
+                    reply = await replies.receive()
+                    seen[policy] = reply
+            seen["stats"] = rollout.statistics()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert not seen["main"].error and set(seen["main"].versions) == {0}
+    assert not seen["main-v7"].error and seen["main-v7"].token_ids and set(seen["main-v7"].versions) == {7}
+    assert "does not match its checksum" in seen["main-v8"].error and not seen["main-v8"].token_ids
+    assert "not a snapshot" in seen["main-v9"].error
+    assert "not 'other-v7'" in seen["other-v7"].error
+    assert seen["stats"]["snapshots_loaded"] == 1 and seen["stats"]["unknown_policy"] == 3

@@ -1,0 +1,140 @@
+"""One league run from start to summary: topology, snapshots, evaluations, metrics, the league table.
+
+The driver is the control plane's part of a league: every ``log_every_s`` it reads every actor's statistics
+(the health check too), hands the members' learner versions to the league (which names the members due for a
+snapshot), asks those members' learners to write one, and registers the snapshots they wrote with the league.
+Every main agent plays evaluation games against each fixed opponent of ``eval.opponents`` at the start, every
+``eval.every_s`` and at the end; their results go to ``metrics.jsonl`` and into the league state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime
+from pathlib import Path
+
+from actors.base_model import ensure_base_model, tiny_model_config
+from actors.monitor import Evaluation
+
+log = logging.getLogger(__name__)
+
+
+class LeagueRun:
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        run = cfg["run"]
+        self.dir = Path(run["dir"]).expanduser() / (run["name"] or datetime.now().strftime("league-%Y%m%d-%H%M%S"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.json").write_text(json.dumps(cfg, indent=2))
+        self.mains = [m["id"] for m in cfg["league"]["members"] if m["role"] == "main"]
+        self.registered: set[str] = set()
+        self.evaluations: list[dict] = []
+        self.started = None
+
+    def model_path(self) -> Path:
+        model = self.cfg["model"]
+        if model["path"]:
+            return Path(model["path"]).expanduser()
+        return ensure_base_model(model["cache_dir"], tiny_model_config(self.cfg))
+
+    def execute(self) -> dict:
+        from actors.launcher import build_league_topology, open_cluster
+
+        if self.cfg["rollout"]["backend"] != "hf":
+            raise ValueError("a league serves snapshots with rollout.backend=hf only (vllm serves one policy)")
+        model_path = self.model_path()
+        cluster = open_cluster(self.cfg)
+        interrupted = False
+        try:
+            self.cluster = cluster
+            self.top = build_league_topology(cluster, self.cfg, model_path, self.dir)
+            self._evaluate("resume" if self.cfg.get("resume") else "start", self.cfg["eval"]["endpoint_games_per_seat"])
+            self.started = time.time()
+            for env in self.top.envs:
+                cluster.call(env, "set_training", True)
+            self._train()
+            for env in self.top.envs:
+                cluster.call(env, "set_training", False)
+            self._evaluate("final", self.cfg["eval"]["endpoint_games_per_seat"])
+        except KeyboardInterrupt:
+            interrupted = True
+            log.warning("interrupted: stopping the league and writing what it measured")
+        finally:
+            table = self._table_or_none() if hasattr(self, "top") else None
+            cluster.shutdown()  # the league writes its state as it stops
+        return self._summarize(table, interrupted)
+
+    def _stats(self) -> dict[str, dict]:
+        return {name: self.cluster.statistics(name) for name in self.top.names()}
+
+    def _tick(self) -> dict:
+        """Versions to the league, snapshots it wants to the learners, written snapshots to the league."""
+        stats = self._stats()
+        learners = {m: stats[top.learner] for m, top in self.top.members.items()}
+        for member, learner in learners.items():
+            for snapshot in learner["snapshots"]:
+                if snapshot["id"] not in self.registered:
+                    self.cluster.call(self.top.league, "add_snapshot", snapshot["id"], member, snapshot["version"],
+                                      snapshot["path"])
+                    self.registered.add(snapshot["id"])
+        due = self.cluster.call(self.top.league, "observe", {m: s["version"] for m, s in learners.items()})
+        for member in due:
+            self.cluster.call(self.top.members[member].learner, "snapshot", str(self.dir / "league" / "snapshots"))
+        return stats
+
+    def _train(self) -> None:
+        run, ev = self.cfg["run"], self.cfg["eval"]
+        budget, next_eval, rounds = run["minutes"] * 60, time.time() + (ev["every_s"] or float("inf")), 0
+        while time.time() - self.started < budget:
+            time.sleep(min(run["log_every_s"], max(budget - (time.time() - self.started), 0.05)))
+            stats = self._tick()
+            self._write_metrics(stats)
+            if time.time() >= next_eval:
+                rounds += 1
+                self._evaluate(f"during-{rounds}", ev["games_per_seat"])
+                next_eval = time.time() + ev["every_s"]
+            if run["max_matches"] and stats[self.top.league]["matches"] >= run["max_matches"]:
+                break
+
+    def _evaluate(self, tag: str, games: int) -> None:
+        """Every main agent against every fixed opponent of ``eval.opponents``, one round after another."""
+        for main in self.mains:
+            for opponent in self.cfg["eval"]["opponents"]:
+                evaluation = Evaluation(self.cluster, self.top.envs, f"{tag}-{main}-{opponent}", games, opponent, main)
+                while (result := evaluation.result(self._tick())) is None:
+                    time.sleep(0.2)
+                result["minute"] = (time.time() - self.started) / 60 if self.started else 0.0
+                self.evaluations.append(result)
+                self.cluster.call(self.top.league, "record_evaluation", result)
+                self._write_metrics(self._stats(), evaluation=result)
+                log.info("evaluation %s: %s wins %.3f against %s", result["tag"], main, result["win_rate"], opponent)
+
+    def _write_metrics(self, stats: dict, evaluation: dict | None = None) -> None:
+        league = stats[self.top.league]
+        envs = [stats[e] for e in self.top.envs]
+        row = {"time": time.time(), "elapsed_s": time.time() - self.started if self.started else 0.0,
+               "matches": league["matches"], "snapshots": league["snapshots"], "ratings": league["ratings"],
+               "versions": {m: stats[top.learner]["version"] for m, top in self.top.members.items()},
+               "episodes": sum(s["episodes"] for s in envs), "invalid_actions": sum(s["invalid_actions"] for s in envs),
+               "turns": sum(s["turns"] for s in envs),
+               "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values())}
+        if evaluation is not None:
+            row["evaluation"] = evaluation
+        with (self.dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def _table_or_none(self) -> dict | None:
+        try:
+            return self.cluster.call(self.top.league, "table")
+        except Exception as error:  # the league died: the summary says so, its last saved state stays on disk
+            log.warning("no league table at the end: %s", error)
+            return None
+
+    def _summarize(self, table: dict | None, interrupted: bool) -> dict:
+        summary = {"run_dir": str(self.dir), "interrupted": interrupted,
+                   "minutes": (time.time() - self.started) / 60 if self.started else 0.0,
+                   "table": table, "evaluations": self.evaluations}
+        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
