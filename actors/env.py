@@ -102,7 +102,7 @@ class EnvActor:
                        "truncated_actions": 0, "truncated_prompts": 0, "admission_waits": 0,
                        "train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
                        "abandoned_stale": 0, "reissued_requests": 0, "duplicate_completions": 0,
-                       "train_episodes_without_rows": 0, "refused_generations": 0}
+                       "train_episodes_without_rows": 0, "refused_generations": 0, "stray_matches": 0}
         # Per learning member: its learner's version, and the training episodes started and not dropped (a
         # resumed run counts the episodes its learner consumed).
         self._versions = dict(cfg.start_versions or {cfg.policy_id: cfg.start_version})
@@ -257,7 +257,7 @@ class EnvActor:
         request_id = next(self._ids)
         await self._league["requests"].send(MatchRequest(request_id, self._league["reply_to"], admitted).to_body())
         while (match := await self._league["matches"].receive()).request_id != request_id:
-            self._stats["stray_matches"] = self._stats.get("stray_matches", 0) + 1
+            self._stats["stray_matches"] += 1
         if match.learner not in self._started or len(match.seats) != len(self._return_sums):
             raise ValueError(f"the league assigned match {match.match_id} for {match.learner!r} with "
                              f"{len(match.seats)} seats; this actor admits {sorted(self._started)} in "
@@ -284,7 +284,7 @@ class EnvActor:
                 self._stats["train_episodes"] += 1
                 self._stats["train_return_sum"] += sum(policy_returns) / len(policy_returns)
                 await self._episodes[learner].send(encode_table(trajectory_table(played[0])))
-                if self.cfg.ledger_dir and played[0]:
+                if self.cfg.ledger_dir:
                     await self._record_delivery(learner, played[0][0][Columns.EPISODE_ID])
             else:  # errored, abandoned, or over before the learner's turn (an opponent's forfeit with more than two
                 self._started[learner] -= 1  # players): never consumed, so it gives its admission back
