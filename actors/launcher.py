@@ -119,6 +119,12 @@ class Topology:
         return [self.learner, self.replay, self.reward, *self.rollouts, *self.envs]
 
 
+def run_budget(cfg: dict) -> dict:
+    """The run's training budget, for the learner's learning-rate schedule (``learner.args.lr_decay``)."""
+    run = cfg["run"]
+    return {"budget_s": run["minutes"] * 60 if run.get("minutes") else None, "budget_versions": run.get("max_versions")}
+
+
 def build_topology(cluster, cfg: dict, model_path: str | Path, run_dir: Path) -> Topology:
     """Start and connect every actor of a run: the whole data-flow graph, in one place.
 
@@ -131,7 +137,7 @@ def build_topology(cluster, cfg: dict, model_path: str | Path, run_dir: Path) ->
         model_path=model_path, temperature=sampling["temperature"], save_dir=str(run_dir / "policy"),
         max_staleness=cfg["learner"]["max_staleness"], seed=cfg["run"]["seed"],
         checkpoint_every=cfg["learner"].get("checkpoint_every", 0), resume=bool(cfg.get("resume")),
-        data_life=top.life, **cfg["learner"]["args"]), peers={})
+        data_life=top.life, **run_budget(cfg), **cfg["learner"]["args"]), peers={})
     spill = str(run_dir / "replay" / top.life) if cfg["replay"].get("spill") else None
     replay = cluster.spawn(top.replay, ReplayActor, ReplayConfig(spill_dir=spill, **cfg["replay"]["args"]),
                            peers={"learner": [learner["batches"]]})
@@ -234,7 +240,7 @@ def build_league_topology(cluster, cfg: dict, model_path: str | Path, run_dir: P
         learner = cluster.spawn(mtop.learner, LearnerActor, LearnerConfig(
             model_path=base, temperature=sampling["temperature"], save_dir=str(run_dir / "members" / m / "policy"),
             max_staleness=cfg["learner"]["max_staleness"], seed=cfg["run"]["seed"] + 101 * k,
-            checkpoint_every=cfg["learner"].get("checkpoint_every", 0), resume=resume,
+            checkpoint_every=cfg["learner"].get("checkpoint_every", 0), resume=resume, **run_budget(cfg),
             **{**cfg["learner"]["args"], "policy_id": m}), peers={})
         replay = cluster.spawn(mtop.replay, ReplayActor, ReplayConfig(**cfg["replay"]["args"]),
                                peers={"learner": [learner["batches"]]})

@@ -52,6 +52,10 @@ class LearnerConfig:
     model_path: str
     policy_id: str = "main"
     lr: float = 2.5e-4
+    lr_decay: str = "constant"  # constant | linear: from lr down to lr * lr_final over the run's budget
+    lr_final: float = 0.1
+    budget_s: float | None = None  # the run's training budget (wall clock from the first batch), for lr_decay
+    budget_versions: int | None = None  # ... or in updates; with both, whichever runs out first
     objective: Objective = field(default_factory=Objective)  # loss, advantages; a dict is accepted
     max_staleness: int = 2  # eta: the oldest token a batch may hold is this many versions behind
     temperature: float = 1.0
@@ -72,6 +76,20 @@ class LearnerConfig:
             raise ValueError(f"checkpoint_every must be >= 0, not {self.checkpoint_every}")
         if self.resume and not self.save_dir:
             raise ValueError("resume needs save_dir, the directory of the checkpoint to continue from")
+        if self.lr_decay not in ("constant", "linear"):
+            raise ValueError(f"unknown lr_decay {self.lr_decay!r}; choose constant or linear")
+        if self.lr_decay == "linear" and not (self.budget_s or self.budget_versions):
+            raise ValueError("lr_decay=linear needs the run's budget (budget_s or budget_versions) to decay over")
+        if not 0.0 <= self.lr_final <= 1.0:
+            raise ValueError(f"lr_final is a fraction of lr, in [0, 1], not {self.lr_final}")
+
+    def learning_rate(self, elapsed_s: float, version: int) -> float:
+        """The learning rate after ``elapsed_s`` seconds of training and ``version`` updates."""
+        if self.lr_decay == "constant":
+            return self.lr
+        spent = max(elapsed_s / self.budget_s if self.budget_s else 0.0,
+                    version / self.budget_versions if self.budget_versions else 0.0)
+        return self.lr * (1.0 - (1.0 - self.lr_final) * min(spent, 1.0))
 
 
 class LearnerActor:
@@ -88,6 +106,7 @@ class LearnerActor:
         self._staleness = Counter()  # tokens trained on, by staleness, over the whole run
         self._first_batch_at = None
         self._resumed_train_s = 0.0  # training time before a resume, which the busy fraction leaves out
+        self._resumed_wall_s = 0.0  # wall time from the first batch before a resume (the lr schedule's clock)
         self._inbox = None
         self._weights = None
         self._streams: dict = {}
@@ -195,7 +214,8 @@ class LearnerActor:
         tokenizer.save_pretrained(fresh)
         torch.save({"version": self.version, "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
                     "role_ids": self.state.role_ids, "baselines": self.state.baselines, "totals": self._totals,
-                    "staleness": dict(self._staleness), "cursor": {"life": self.cfg.data_life, "seq": self.cursor}},
+                    "staleness": dict(self._staleness), "cursor": {"life": self.cfg.data_life, "seq": self.cursor},
+                    "wall_s": self._wall_s()},
                    fresh / TRAINER_STATE)
         if final.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -211,12 +231,21 @@ class LearnerActor:
         self.state = TrainerState(role_ids=state["role_ids"], baselines=state["baselines"])
         self._totals.update(state["totals"])
         self._resumed_train_s = self._totals["train_s"]
+        self._resumed_wall_s = state.get("wall_s", 0.0)
         self._staleness.update(state["staleness"])
         cursor = state.get("cursor", {})
         self.cursor = cursor["seq"] if cursor.get("life") == self.cfg.data_life else 0  # a new life numbers anew
 
+    def _wall_s(self) -> float:
+        """Seconds from the first batch, across resumes."""
+        since = time.perf_counter() - self._first_batch_at if self._first_batch_at else 0.0
+        return self._resumed_wall_s + since
+
     def _update(self, model, optimizer, tokenizer, table) -> dict:
         started = time.perf_counter()
+        lr = self.cfg.learning_rate(self._wall_s(), self.version)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
         batch = collate(table, tokenizer.pad_token_id)
         stats = policy_gradient_step(model, optimizer, batch, self.cfg.objective, self.state,
                                      temperature=self.cfg.temperature, reference=self.reference,
@@ -232,7 +261,7 @@ class LearnerActor:
         self._totals["episodes"] += episodes
         self._totals["tokens"] += stats["tokens"]
         self._totals["train_s"] += elapsed
-        return {**stats, "version": self.version, "episodes": episodes, "train_s": elapsed,
+        return {**stats, "version": self.version, "episodes": episodes, "train_s": elapsed, "lr": lr,
                 "staleness_mean": float(staleness.float().mean()), "staleness_max": int(staleness.max()),
                 "staleness_hist": {str(k): histogram[k] for k in sorted(histogram)},
                 "token_version_min": int(token_versions.min()), "token_version_max": int(token_versions.max()),

@@ -23,7 +23,8 @@ def wait_for(predicate, what: str, timeout: float = 120.0):
 
 @pytest.mark.parametrize("transport", ["memory", "zmq"])
 def test_episodes_flow_and_rollouts_generate_with_new_weights(transport, tiny_model_dir, tmp_path):
-    cfg = small_config(tmp_path)
+    # a linear learning-rate decay over a budget of 10 updates: the launcher hands the learner the run's budget
+    cfg = small_config(tmp_path, **{"learner.args.lr_decay": "linear", "run.max_versions": 10, "run.minutes": 1000})
     cluster = LocalCluster(transport=transport)
     try:
         top = build_topology(cluster, cfg, tiny_model_dir, tmp_path)
@@ -37,6 +38,8 @@ def test_episodes_flow_and_rollouts_generate_with_new_weights(transport, tiny_mo
                  "a batch generated with updated weights")
         env = cluster.statistics(top.envs[0])
         assert env["episodes"] >= learner["episodes"]
+        lr, last = cfg["learner"]["args"]["lr"], cluster.statistics("learner")["last"]
+        assert last["lr"] == pytest.approx(lr * (1 - 0.9 * (last["version"] - 1) / 10), rel=0.01)
         assert all(cluster.statistics(name)["dropped_frames"] == 0 for name in top.names())
         row = MetricsLog(tmp_path).snapshot({name: cluster.statistics(name) for name in top.names()})
         assert row["streams_received"] > 0 and row["streams_sent"] > 0  # stream statistics reach the metrics

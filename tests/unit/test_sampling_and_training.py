@@ -125,6 +125,23 @@ def test_the_same_version_gap_leaves_out_tokens_of_older_versions(model_and_toke
     assert stats["logprob_gap"] == pytest.approx(0.5 * n_stale / (n_fresh + n_stale), abs=1e-4)
 
 
+def test_a_linear_learning_rate_decay_follows_whichever_budget_runs_out_first():
+    from actors.learner import LearnerConfig
+
+    cfg = LearnerConfig(model_path="m", lr=1e-3, lr_decay="linear", lr_final=0.1, budget_s=100.0, budget_versions=50)
+    assert cfg.learning_rate(0.0, 0) == pytest.approx(1e-3)
+    assert cfg.learning_rate(50.0, 10) == pytest.approx(1e-3 * (1 - 0.9 * 0.5))  # half the time, a fifth of updates
+    assert cfg.learning_rate(10.0, 40) == pytest.approx(1e-3 * (1 - 0.9 * 0.8))  # updates run out first
+    assert cfg.learning_rate(500.0, 500) == pytest.approx(1e-4)  # past the budget: lr * lr_final
+    assert LearnerConfig(model_path="m", lr=1e-3).learning_rate(500.0, 500) == 1e-3  # constant by default
+    with pytest.raises(ValueError, match="needs the run's budget"):
+        LearnerConfig(model_path="m", lr_decay="linear")
+    with pytest.raises(ValueError, match="unknown lr_decay 'cosine'"):
+        LearnerConfig(model_path="m", lr_decay="cosine", budget_s=1.0)
+    with pytest.raises(ValueError, match="lr_final"):
+        LearnerConfig(model_path="m", lr_decay="linear", lr_final=2.0, budget_s=1.0)
+
+
 def test_weights_of_another_model_are_refused(model_and_tokenizer):
     model, _ = model_and_tokenizer
     from safetensors.torch import save
