@@ -296,3 +296,49 @@ def test_a_learner_reset_brings_back_the_base_weights_and_a_fresh_optimizer_as_a
     assert all(torch.equal(base[k], v) for k, v in model.state_dict().items())
     assert not optimizer.state and learner.state.baselines == {}
     assert learner.version == 8 and learner.statistics()["resets"] == [8]  # the version goes on up
+
+
+# -- restarts in a league run --------------------------------------------------------------------------------------
+
+class FakeCluster:
+    """Records restarts and calls; every actor answers its statistics with its name."""
+
+    def __init__(self):
+        self.restarted, self.calls = [], []
+
+    def restart(self, name, **changes):
+        self.restarted.append((name, changes))
+        return {"version": 3, "cursor": 5}
+
+    def call(self, name, method, *args):
+        self.calls.append((name, method, *args))
+        return 1
+
+    def statistics(self, name):
+        return {"name": name, "cursor": 5}
+
+    def is_dead(self, error):
+        return True
+
+
+def test_a_league_run_restarts_a_members_actors_and_refuses_to_restart_an_env_actor_or_the_league(tmp_path):
+    from actors.cli import load_config
+    from actors.launcher import LeagueTopology, Topology
+    from actors.league_run import LeagueRun
+    from actors.recovery import GroupRecovery
+
+    run = LeagueRun(load_config([f"run.dir={tmp_path}", "run.name=l"], "league"))
+    cluster, top = FakeCluster(), LeagueTopology(envs=["env-0"])
+    top.members["main"] = Topology("learner-main", "replay-main", "reward-main", rollouts=["rollout-main-0"])
+    run.cluster, run.top, run.asked = cluster, top, {"main": False}
+    run.groups = {"main": GroupRecovery(cluster, top.members["main"], top.envs, tmp_path / "l" / "members" / "main")}
+    assert run._recover("rollout-main-0", RuntimeError()) == {"name": "rollout-main-0", "cursor": 5}
+    assert ("env-0", "reissue") in cluster.calls  # its unanswered requests are sent again
+    run._recover("learner-main", RuntimeError())  # no checkpoint yet: from the base model; replay rewinds
+    assert cluster.restarted[-1] == ("learner-main", {"resume": False})
+    assert ("replay-main", "rewind", 5) in cluster.calls
+    assert ("learner-main", "snapshot", str(run.dir / "league" / "snapshots"), False) in cluster.calls  # asked again
+    assert run.restarts == {"rollout-main-0": 1, "learner-main": 1}
+    for name in ("env-0", "league"):
+        with pytest.raises(RuntimeError, match=f"the {name} actor died .*`tidal league run resume="):
+            run._recover(name, RuntimeError())
