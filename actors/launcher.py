@@ -226,7 +226,7 @@ def build_league_topology(cluster, cfg: dict, model_path: str | Path, run_dir: P
     from actors.league import LeagueActor, LeagueConfig
 
     league_cfg, top = cfg["league"], LeagueTopology()
-    sampling, resume = cfg["sampling"], bool(cfg.get("resume"))
+    sampling, resume, life = cfg["sampling"], bool(cfg.get("resume")), time.strftime("%Y%m%d-%H%M%S")
     snapshots = run_dir / "league" / "snapshots"
     snapshots.mkdir(parents=True, exist_ok=True)
     league = cluster.spawn(top.league, LeagueActor, LeagueConfig(
@@ -235,14 +235,16 @@ def build_league_topology(cluster, cfg: dict, model_path: str | Path, run_dir: P
     rollouts, rewards, publishers, versions = {}, {}, [], {}
     for k, member in enumerate(league_cfg["members"]):
         m = member["id"]
-        mtop = Topology(f"learner-{m}", f"replay-{m}", f"reward-{m}")
+        mtop = Topology(f"learner-{m}", f"replay-{m}", f"reward-{m}", life=life)
         base = str(member.get("model") or model_path)
         learner = cluster.spawn(mtop.learner, LearnerActor, LearnerConfig(
             model_path=base, temperature=sampling["temperature"], save_dir=str(run_dir / "members" / m / "policy"),
             max_staleness=cfg["learner"]["max_staleness"], seed=cfg["run"]["seed"] + 101 * k,
-            checkpoint_every=cfg["learner"].get("checkpoint_every", 0), resume=resume, **run_budget(cfg),
+            checkpoint_every=cfg["learner"].get("checkpoint_every", 0), resume=resume, data_life=life,
+            **run_budget(cfg),
             **{**cfg["learner"]["args"], "policy_id": m}), peers={})
-        replay = cluster.spawn(mtop.replay, ReplayActor, ReplayConfig(**cfg["replay"]["args"]),
+        spill = str(run_dir / "replay" / m / life) if cfg["replay"].get("spill") else None  # a restart loses nothing
+        replay = cluster.spawn(mtop.replay, ReplayActor, ReplayConfig(spill_dir=spill, **cfg["replay"]["args"]),
                                peers={"learner": [learner["batches"]]})
         rewards[m] = [cluster.spawn(mtop.reward, RewardActor, RewardConfig(**cfg["reward"]["args"]),
                                     peers={"replay": [replay["episodes"]]})["episodes"]]

@@ -6,8 +6,9 @@ maths of our own). Env actors ask it for a match (``MatchRequest``, naming the m
 training episode for) and it answers with the seats (``MatchAssigned``), drawn by the member's role
 (``matchmaking.choose_opponent``); when the match ends the env actor sends a ``MatchResult`` and the league
 updates payoff and ratings. Between learner versions the run's driver tells it the members' versions
-(``observe``), which names the members due for a snapshot; the learner writes it and the driver registers it
-(``add_snapshot``, checked against its checksums first).
+(``observe``), which names the members due for a snapshot and, for an exploiter, whether its learner resets it to
+the base model once the snapshot is written (``reset_after_snapshot``); the learner writes it and the driver
+registers it (``add_snapshot``, checked against its checksums first).
 
 Its state (population, snapshots, payoff, ratings and their history, match counts, evaluations) is written
 to ``<state_dir>/league_state.json`` every ``save_every_s`` and when it stops, atomically (a new file renamed
@@ -28,8 +29,8 @@ from pathlib import Path
 import trio
 
 from actors.endpoints import Inbox, Outbox
-from actors.matchmaking import ROLES, MatchmakingConfig, Payoff, choose_opponent, pairwise_scores, seat_match, \
-    snapshot_due
+from actors.matchmaking import ROLES, MatchmakingConfig, Payoff, check_reset_probabilities, choose_opponent, \
+    pairwise_scores, reset_after_snapshot, seat_match, snapshot_due
 from actors.snapshots import SnapshotError, verify_snapshot
 from envs.registry import OPPONENTS
 from streams.messages import MatchAssigned, MatchRequest, MatchResult
@@ -49,6 +50,9 @@ class LeagueConfig:
     snapshot_every_versions: int = 20  # freeze a member every this many learner versions ...
     snapshot_min_versions: int = 5  # ... or, this many versions after its last snapshot at the earliest, ...
     snapshot_win_rate: float | None = 0.7  # ... once it wins this often against the league's snapshots
+    # role -> probability that a member of that role starts again from the base model once its snapshot is taken
+    # (AlphaStar: main exploiters always, league exploiters with 0.25); {} turns resets off
+    reset_after_snapshot: dict = field(default_factory=lambda: {"main_exploiter": 1.0, "league_exploiter": 0.25})
     history_every_matches: int = 50  # the ratings are recorded (for the ratings-over-time plot) this often
     save_every_s: float = 5.0
     resume: bool = False  # continue from state_dir/league_state.json
@@ -74,6 +78,7 @@ class LeagueConfig:
             raise ValueError(f"unknown fixed opponents {unknown}; known: {', '.join(sorted(OPPONENTS))}")
         if self.players < 2:
             raise ValueError(f"a league plays games of 2 or more players, not {self.players}")
+        check_reset_probabilities(self.reset_after_snapshot)
 
 
 class LeagueActor:
@@ -84,6 +89,7 @@ class LeagueActor:
         self.roles = {m["id"]: m["role"] for m in cfg.members}
         self.mains = [m for m, role in self.roles.items() if role == "main"]
         self._rng = random.Random(cfg.seed)
+        self._reset_rng = random.Random(cfg.seed + 1)  # resets draw apart: matchmaking's draws stay as they were
         self._model = PlackettLuce()
         self.path = Path(cfg.state_dir) / STATE_FILE
         self.snapshots: dict[str, dict] = {}  # id -> {"member", "version", "path"}
@@ -93,7 +99,8 @@ class LeagueActor:
         self.evaluations: list[dict] = []
         self.versions = {m: 0 for m in self.roles}
         self.last_snapshot = {m: None for m in self.roles}  # member -> version of its last snapshot
-        self._pending_snapshots: set[str] = set()
+        self._pending_snapshots: dict[str, bool] = {}  # member -> reset after its snapshot
+        self.resets: list[dict] = []  # {"member", "snapshot", "version"}: reset to the base model after it
         self._stats = {"matches": 0, "requests": 0, "results": 0, "errored_matches": 0, "unrated_matches": 0,
                        "refused_snapshots": 0, "saves": 0}
         self._next_match = 0
@@ -187,9 +194,10 @@ class LeagueActor:
 
     # -- snapshots --------------------------------------------------------------------------------------
 
-    def observe(self, versions: dict[str, int]) -> list[str]:
-        """Take the members' learner versions; the members now due for a snapshot (each asked once)."""
-        due = []
+    def observe(self, versions: dict[str, int]) -> dict[str, bool]:
+        """Take the members' learner versions; the members now due for a snapshot (each asked once), each with
+        whether its learner is to reset it to the base model once the snapshot is written."""
+        due = {}
         for member, version in versions.items():
             if member not in self.roles:
                 raise ValueError(f"observe: {member!r} is not a member of this league")
@@ -200,8 +208,8 @@ class LeagueActor:
                             every_versions=self.cfg.snapshot_every_versions,
                             min_versions=self.cfg.snapshot_min_versions,
                             win_rate_threshold=self.cfg.snapshot_win_rate):
-                self._pending_snapshots.add(member)
-                due.append(member)
+                reset = reset_after_snapshot(self.roles[member], self.cfg.reset_after_snapshot, self._reset_rng)
+                self._pending_snapshots[member] = due[member] = reset
         return due
 
     def _win_rate_vs_snapshots(self, member: str) -> float | None:
@@ -211,8 +219,11 @@ class LeagueActor:
         return sum(self.payoff.win_rate(member, s) for s in met) / len(met)
 
     def add_snapshot(self, snapshot: str, member: str, version: int, path: str) -> bool:
-        """Register a snapshot the member's learner wrote; False (logged) if its checksums do not hold."""
-        self._pending_snapshots.discard(member)
+        """Register a snapshot the member's learner wrote; False (logged) if its checksums do not hold. A reset
+        that followed it is recorded with it (the learner resets once the snapshot is on disk)."""
+        if self._pending_snapshots.pop(member, False) and all(r["snapshot"] != snapshot for r in self.resets):
+            self.resets.append({"member": member, "snapshot": snapshot, "version": version})
+            log.info("%s starts again from the base model after its snapshot %s", member, snapshot)
         if snapshot in self.snapshots:
             return True
         try:
@@ -238,12 +249,14 @@ class LeagueActor:
         return {"players": players,
                 "ratings": {p: {"mu": r.mu, "sigma": r.sigma, "ordinal": r.ordinal()} for p, r in self.ratings.items()},
                 "payoff": self.payoff.matrix(players), "snapshots": dict(self.snapshots),
-                "members": dict(self.roles), "versions": dict(self.versions), **self._stats}
+                "members": dict(self.roles), "versions": dict(self.versions), "resets": list(self.resets),
+                **self._stats}
 
     def state(self) -> dict:
         return {"members": self.cfg.members, "snapshots": self.snapshots, "payoff": self.payoff.to_json(),
                 "ratings": {p: [r.mu, r.sigma] for p, r in self.ratings.items()}, "history": self.history,
                 "evaluations": self.evaluations, "versions": self.versions, "last_snapshot": self.last_snapshot,
+                "resets": self.resets,
                 "next_match": self._next_match, "stats": self._stats, "saved_at": time.time()}
 
     def save(self) -> None:
@@ -267,6 +280,7 @@ class LeagueActor:
         self.versions.update(state["versions"])
         self.last_snapshot.update(state["last_snapshot"])
         self._next_match = state["next_match"]
+        self.resets = state.get("resets", [])
         self._stats.update(state["stats"])
         log.info("league resumed: %d matches, %d snapshots, %d rated players", self._stats["matches"],
                  len(self.snapshots), len(self.ratings))
@@ -274,6 +288,7 @@ class LeagueActor:
     def statistics(self) -> dict:
         inboxes = getattr(self, "_inboxes", {})
         return {**self._stats, "snapshots": len(self.snapshots), "pending_snapshots": sorted(self._pending_snapshots),
+                "resets": len(self.resets),
                 "ratings": {p: r.ordinal() for p, r in self.ratings.items()},
                 "dropped_frames": sum(i.statistics()["dropped_frames"] for i in inboxes.values()),
                 "streams": {name: i.statistics() for name, i in inboxes.items()}}

@@ -2,9 +2,14 @@
 
 The driver is the control plane's part of a league: every ``log_every_s`` it reads every actor's statistics
 (the health check too), hands the members' learner versions to the league (which names the members due for a
-snapshot), asks those members' learners to write one, and registers the snapshots they wrote with the league.
+snapshot, and the exploiters to reset after theirs), asks those members' learners to write one (and reset), and
+registers the snapshots they wrote with the league.
 Every main agent plays evaluation games against each fixed opponent of ``eval.opponents`` at the start, every
 ``eval.every_s`` and at the end; their results go to ``metrics.jsonl`` and into the league state.
+
+The health check restarts a dead actor of a member's group (rollout, reward, replay, learner) as a single-policy
+run does (``actors/recovery.py``); a learner that died with a snapshot asked of it is asked again. A dead env
+actor or league ends the run (``run.restart=false``: any dead actor does), with the command that resumes it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 
 from actors.base_model import ensure_base_model, tiny_model_config
 from actors.monitor import Evaluation
+from actors.recovery import GroupRecovery
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +36,8 @@ class LeagueRun:
         (self.dir / "config.json").write_text(json.dumps(cfg, indent=2))
         self.mains = [m["id"] for m in cfg["league"]["members"] if m["role"] == "main"]
         self.registered: set[str] = set()
+        self.asked: dict[str, bool] = {}  # member -> reset: snapshots asked for and not registered yet
+        self.restarts: dict[str, int] = {}  # actor -> times restarted after it died
         self.evaluations: list[dict] = []
         self.started = None
 
@@ -50,6 +58,8 @@ class LeagueRun:
         try:
             self.cluster = cluster
             self.top = build_league_topology(cluster, self.cfg, model_path, self.dir)
+            self.groups = {m: GroupRecovery(cluster, mtop, self.top.envs, self.dir / "members" / m / "policy")
+                           for m, mtop in self.top.members.items()}
             self._evaluate("resume" if self.cfg.get("resume") else "start", self.cfg["eval"]["endpoint_games_per_seat"])
             self.started = time.time()
             for env in self.top.envs:
@@ -67,7 +77,30 @@ class LeagueRun:
         return self._summarize(table, interrupted)
 
     def _stats(self) -> dict[str, dict]:
-        return {name: self.cluster.statistics(name) for name in self.top.names()}
+        """Every actor's statistics; this is also the health check: a dead actor is found here."""
+        stats = {}
+        for name in self.top.names():
+            try:
+                stats[name] = self.cluster.statistics(name)
+            except Exception as error:
+                if not self.cluster.is_dead(error):
+                    raise
+                stats[name] = self._recover(name, error)
+        return stats
+
+    def _recover(self, name: str, error: Exception) -> dict:
+        """Restart a dead actor of a member's group; any other dead actor ends the run, saying how to resume."""
+        member = next((m for m, group in self.groups.items() if group.owns(name)), None)
+        if member is None or not self.cfg["run"].get("restart", True):
+            why = "run.restart is off" if member is not None else "a league run restarts members' actors only"
+            raise RuntimeError(f"the {name} actor died ({type(error).__name__}) and {why}: continue the league "
+                               f"with `tidal league run resume={self.dir}`") from error
+        log.warning("%s died (%s); restarting it", name, type(error).__name__)
+        self.groups[member].restart(name)
+        if name == self.top.members[member].learner and member in self.asked:  # its snapshot died with it
+            self.cluster.call(name, "snapshot", str(self.dir / "league" / "snapshots"), self.asked[member])
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        return self.cluster.statistics(name)
 
     def _tick(self) -> dict:
         """Versions to the league, snapshots it wants to the learners, written snapshots to the league."""
@@ -79,9 +112,12 @@ class LeagueRun:
                     self.cluster.call(self.top.league, "add_snapshot", snapshot["id"], member, snapshot["version"],
                                       snapshot["path"])
                     self.registered.add(snapshot["id"])
+                    self.asked.pop(member, None)
         due = self.cluster.call(self.top.league, "observe", {m: s["version"] for m, s in learners.items()})
-        for member in due:
-            self.cluster.call(self.top.members[member].learner, "snapshot", str(self.dir / "league" / "snapshots"))
+        for member, reset in due.items():
+            self.asked[member] = reset
+            self.cluster.call(self.top.members[member].learner, "snapshot", str(self.dir / "league" / "snapshots"),
+                              reset)
         return stats
 
     def _train(self) -> None:
@@ -119,7 +155,8 @@ class LeagueRun:
                "versions": {m: stats[top.learner]["version"] for m, top in self.top.members.items()},
                "episodes": sum(s["episodes"] for s in envs), "invalid_actions": sum(s["invalid_actions"] for s in envs),
                "turns": sum(s["turns"] for s in envs),
-               "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values())}
+               "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values()),
+               "restarts": sum(self.restarts.values())}
         if evaluation is not None:
             row["evaluation"] = evaluation
         with (self.dir / "metrics.jsonl").open("a") as f:
@@ -135,6 +172,6 @@ class LeagueRun:
     def _summarize(self, table: dict | None, interrupted: bool) -> dict:
         summary = {"run_dir": str(self.dir), "interrupted": interrupted,
                    "minutes": (time.time() - self.started) / 60 if self.started else 0.0,
-                   "table": table, "evaluations": self.evaluations}
+                   "table": table, "evaluations": self.evaluations, "restarts": self.restarts}
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary

@@ -21,10 +21,14 @@ checkpoint with the batches after it, and with the same random state: it retrain
 
 In a league, ``snapshot(root)`` asks for a frozen snapshot of the policy (``actors/snapshots.py``): it is
 written between two updates, as ``<root>/<policy_id>-v<version>``, and listed in ``statistics()["snapshots"]``.
+``snapshot(root, reset=True)`` (an exploiter's, AlphaStar) then starts the policy again from the base model:
+the base weights, a fresh optimizer and fresh advantage baselines, as one more version (the version only goes
+up), published like any update and checkpointed at once; ``statistics()["resets"]`` lists the versions.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 import time
@@ -112,6 +116,8 @@ class LearnerActor:
         self._streams: dict = {}
         self._snapshot_roots = None  # where snapshots were asked for (a memory channel once running)
         self.snapshots: list[dict] = []  # {"id", "version", "path"} of every snapshot written
+        self.resets: list[int] = []  # the versions that started again from the base model
+        self._fresh_optimizer = None  # the optimizer's state before any update: what a reset goes back to
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         model, tokenizer, optimizer = await trio.to_thread.run_sync(self._load)
@@ -134,9 +140,12 @@ class LearnerActor:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._announce, versions_out, weights)
                     nursery.start_soon(weights.serve_chunks, fetch_inbox, transport)
-                    model_lock = trio.Lock()  # an update and a snapshot never touch the model at once
+                    # an update, a snapshot and a reset never touch the model at once, and each publishes its
+                    # version before the next begins (versions go out in order)
+                    model_lock = trio.Lock()
                     self._snapshot_roots, roots = trio.open_memory_channel(16)
-                    nursery.start_soon(self._write_snapshots, roots, model, tokenizer, model_lock)
+                    nursery.start_soon(self._write_snapshots, roots, (model, tokenizer, optimizer), model_lock,
+                                       versions_out)
                     await weights.publish(self.version, await trio.to_thread.run_sync(weights_to_bytes, model))
                     while True:
                         table, seq = await self._inbox.receive()
@@ -149,25 +158,30 @@ class LearnerActor:
                             continue
                         async with model_lock:
                             stats = await trio.to_thread.run_sync(self._update, model, optimizer, tokenizer, table)
-                        tensors = await trio.to_thread.run_sync(weights_to_bytes, model)
-                        await weights.publish(self.version, tensors)
-                        await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
-                        self.history.append(stats)
-                        every = self.cfg.checkpoint_every
-                        if self.cfg.save_dir and every and self.version % every == 0:
-                            await trio.to_thread.run_sync(self._save, model, tokenizer, optimizer)
+                            await self._publish(model, versions_out)
+                            self.history.append(stats)
+                            every = self.cfg.checkpoint_every
+                            if self.cfg.save_dir and every and self.version % every == 0:
+                                await trio.to_thread.run_sync(self._save, model, tokenizer, optimizer)
             finally:
                 weights.close()
                 if self.cfg.save_dir:
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(self._save, model, tokenizer, optimizer)
 
-    def snapshot(self, root: str) -> None:
-        """Ask for a frozen snapshot of the policy under ``root`` (written between two updates)."""
-        self._snapshot_roots.send_nowait(root)
+    def snapshot(self, root: str, reset: bool = False) -> None:
+        """Ask for a frozen snapshot of the policy under ``root`` (written between two updates); with ``reset``,
+        the policy then starts again from the base model."""
+        self._snapshot_roots.send_nowait((root, reset))
 
-    async def _write_snapshots(self, roots, model, tokenizer, model_lock: trio.Lock) -> None:
-        async for root in roots:
+    async def _publish(self, model, versions_out: Outbox) -> None:
+        """The weights of ``self.version`` to the rollout actors, and the version to whoever follows it."""
+        await self._weights.publish(self.version, await trio.to_thread.run_sync(weights_to_bytes, model))
+        await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
+
+    async def _write_snapshots(self, roots, trainer: tuple, model_lock: trio.Lock, versions_out: Outbox) -> None:
+        model, tokenizer, optimizer = trainer
+        async for root, reset in roots:
             async with model_lock:
                 name = snapshot_id(self.cfg.policy_id, self.version)
                 path = Path(root) / name
@@ -176,6 +190,23 @@ class LearnerActor:
                     log.info("snapshot %s written to %s", name, path)
                 if all(s["id"] != name for s in self.snapshots):
                     self.snapshots.append({"id": name, "version": self.version, "path": str(path)})
+                if reset:
+                    await trio.to_thread.run_sync(self._reset, model, optimizer)
+                    await self._publish(model, versions_out)
+                    if self.cfg.save_dir:  # a restart goes on from the reset policy, not from before it
+                        await trio.to_thread.run_sync(self._save, model, tokenizer, optimizer)
+
+    def _reset(self, model, optimizer) -> None:
+        """Back to the base model (weights, optimizer, baselines) as the next version: AlphaStar's exploiter reset.
+        Episodes sampled before it are older versions: the staleness bound and the off-policy correction see
+        them so."""
+        base, _ = load_policy(self.cfg.model_path)
+        model.load_state_dict(base.state_dict())
+        optimizer.load_state_dict(self._fresh_optimizer)
+        self.state = TrainerState()
+        self.version += 1
+        self.resets.append(self.version)
+        log.info("%s reset to the base model %s at version %d", self.name, self.cfg.model_path, self.version)
 
     async def _announce(self, versions_out: Outbox, weights: WeightsPublisher) -> None:
         while True:
@@ -200,6 +231,7 @@ class LearnerActor:
         model, tokenizer = load_policy(str(checkpoint or self.cfg.model_path))
         self.reference = load_policy(self.cfg.model_path)[0] if self.cfg.objective.kl_coef > 0 else None
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, weight_decay=0.0)
+        self._fresh_optimizer = copy.deepcopy(optimizer.state_dict())
         if checkpoint is not None:
             self._restore(torch.load(checkpoint / TRAINER_STATE, weights_only=False), optimizer)
             log.info("resumed from %s at version %d", checkpoint, self.version)
@@ -213,6 +245,7 @@ class LearnerActor:
         model.save_pretrained(fresh)
         tokenizer.save_pretrained(fresh)
         torch.save({"version": self.version, "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
+                    "resets": self.resets,
                     "role_ids": self.state.role_ids, "baselines": self.state.baselines, "totals": self._totals,
                     "staleness": dict(self._staleness), "cursor": {"life": self.cfg.data_life, "seq": self.cursor},
                     "wall_s": self._wall_s()},
@@ -228,6 +261,7 @@ class LearnerActor:
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
         self.version = state["version"]
+        self.resets = state.get("resets", [])
         self.state = TrainerState(role_ids=state["role_ids"], baselines=state["baselines"])
         self._totals.update(state["totals"])
         self._resumed_train_s = self._totals["train_s"]
@@ -291,7 +325,7 @@ class LearnerActor:
         wall = time.perf_counter() - self._first_batch_at if self._first_batch_at else 0.0
         busy = min((self._totals["train_s"] - self._resumed_train_s) / wall, 1.0) if wall > 0 else 0.0
         return {**self._totals, **self._out_of_order, "version": self.version, "cursor": self.cursor, "last": last,
-                "dropped_frames": dropped, "busy": busy, "snapshots": list(self.snapshots),
+                "dropped_frames": dropped, "busy": busy, "snapshots": list(self.snapshots), "resets": list(self.resets),
                 "staleness_hist": {str(k): self._staleness[k] for k in sorted(self._staleness)},
                 "weights": self._weights.stats if self._weights else {},
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}

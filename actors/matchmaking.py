@@ -12,6 +12,10 @@ Roles: a **main agent** plays itself (a share ``self_play``), fixed opponents (a
 (hard) over every frozen snapshot; a **main exploiter** plays the live main agents, or, while it wins less than
 ``exploiter_floor`` against them, PFSP (variance) over their snapshots; a **league exploiter** plays PFSP
 (linear-capped) over every snapshot. Before any snapshot exists every role plays the live main agents.
+
+Exploiters are reset: once a snapshot of a main exploiter is taken (and of a league exploiter, with a
+probability; AlphaStar's is 0.25), its policy starts again from the base model, so it looks for new weaknesses
+of the main agents instead of refining the old ones (its snapshot keeps what it found).
 """
 
 from __future__ import annotations
@@ -164,6 +168,26 @@ def snapshot_due(version: int, last_snapshot_version: int | None, win_rate: floa
         return True
     return (win_rate_threshold is not None and win_rate is not None and since >= max(min_versions, 1)
             and win_rate >= win_rate_threshold)
+
+
+def check_reset_probabilities(probabilities: dict[str, float]) -> None:
+    """``{role: probability}`` of a reset after a snapshot: exploiter roles only, probabilities in [0, 1]."""
+    for role, p in probabilities.items():
+        if role not in ROLES or role == "main":
+            raise ValueError(f"reset_after_snapshot: {role!r} cannot be reset; exploiter roles are "
+                             f"{', '.join(r for r in ROLES if r != 'main')}")
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"reset_after_snapshot: the probability for {role} must be in [0, 1], not {p!r}")
+
+
+def reset_after_snapshot(role: str, probabilities: dict[str, float], rng: random.Random) -> bool:
+    """Reset a member of ``role`` to the base model now that its snapshot is taken? With the role's probability
+    (a role not listed is never reset); the random generator is drawn only for a probability strictly between
+    0 and 1, so a certain answer leaves the draws after it as they were."""
+    p = probabilities.get(role, 0.0)
+    if p >= 1.0 or p <= 0.0:
+        return p >= 1.0
+    return rng.random() < p
 
 
 def pairwise_scores(seats: list[str], returns: list[float], learner: str) -> list[tuple[str, float]]:

@@ -14,6 +14,7 @@ from actors.autoscale import AutoscaleConfig, autoscale_target
 from actors.base_model import ensure_base_model, tiny_model_config
 from actors.control import ControlServer
 from actors.monitor import Evaluation, MetricsLog, plot_learning_curve
+from actors.recovery import GroupRecovery, call_unless_dead
 
 log = logging.getLogger(__name__)
 SCALABLE = ("rollout",)
@@ -78,6 +79,7 @@ class Run:
         try:
             self.top = build_topology(cluster, self.cfg, model_path, self.dir)
             self.cluster = cluster
+            self.group = GroupRecovery(cluster, self.top, self.top.envs, self.dir / "policy")
             if self.cfg["run"]["mode"] == "ray":  # `tidal scale` reaches the run here
                 control = ControlServer(self.dir, self.scale)
             self._evaluate_now("resume" if self.resumed else "start", self.cfg["eval"]["endpoint_games_per_seat"])
@@ -115,27 +117,13 @@ class Run:
             raise RuntimeError(f"the {name} actor died ({type(error).__name__}) and run.restart is off: continue "
                                f"the run with `tidal launch resume={self.dir}`") from error
         log.warning("%s died (%s); restarting it", name, type(error).__name__)
-        top = self.top
-        if name in top.rollouts:
-            self._restart_rollout(name)
-        elif name in top.envs:
+        if name in self.top.envs:
             self._restart_env(name)
-        elif name == top.learner:
-            self._restart_learner()
-        elif name == top.replay:
-            self.cluster.restart(name)
-            self._rewind_replay(self.cluster.statistics(top.learner)["cursor"])
-        else:  # reward: its env actors send again what it had not acknowledged
-            self.cluster.restart(name)
+        else:  # rollout, reward, replay, learner: as in every policy's group (actors/recovery.py)
+            self.group.restart(name)
         self.restarts[name] = self.restarts.get(name, 0) + 1
         self.metrics.restarted(name)
         return self.cluster.statistics(name)
-
-    def _restart_rollout(self, name: str) -> None:
-        """At its old address; the env actors send again their unanswered requests (which only it knew)."""
-        self.cluster.restart(name)
-        reissued = sum(self._call_unless_dead(env, "reissue") or 0 for env in self.top.envs)
-        log.warning("%s restarted; %d unanswered generation requests sent again", name, reissued)
 
     def _restart_env(self, name: str) -> None:
         """Its episodes in flight died with it; its successor counts what it delivered as started (admission),
@@ -147,28 +135,8 @@ class Run:
         for evaluation in self.open_evaluations:
             evaluation.restarted(name)
 
-    def _restart_learner(self) -> None:
-        """From its last checkpoint (or the base model, if it made none yet); replay sends again, in order, the
-        batches after the checkpoint's data cursor, so it trains on each once."""
-        from actors.learner import find_checkpoint
-
-        resume = find_checkpoint(self.dir / "policy") is not None
-        started = self.cluster.restart(self.top.learner, resume=resume)
-        log.warning("learner restarted at version %d; batches after %d come again", started["version"],
-                    started["cursor"])
-        self._rewind_replay(started["cursor"])
-
-    def _rewind_replay(self, cursor: int) -> None:
-        self._call_unless_dead(self.top.replay, "rewind", cursor)  # dead too: its own restart rewinds it
-
     def _call_unless_dead(self, name: str, method: str, *args):
-        """Call ``name``; if it died, None: the next health check restarts it, and the restart sees to it."""
-        try:
-            return self.cluster.call(name, method, *args)
-        except Exception as error:
-            if not self.cluster.is_dead(error):
-                raise
-            return None
+        return call_unless_dead(self.cluster, name, method, *args)
 
     def _set_training(self, on: bool) -> None:
         self.training = on

@@ -1,6 +1,7 @@
-"""A Liar's Dice league of three players over real ZeroMQ sockets, killed with SIGKILL and resumed with its
-ratings, snapshots and match count intact; then `tidal league table` on it. (The quick league benchmark runs
-the Kuhn Poker league on Ray: tests/integration/test_benchmarks_quick.py.)"""
+"""A Liar's Dice league of three players over real ZeroMQ sockets, its league exploiter reset after each
+snapshot, killed with SIGKILL and resumed with its ratings, snapshots and match count intact; then `tidal league
+table` on it. Leagues of four and six players on Ray, a main exploiter reset there too (slow: minutes here).
+(The quick league benchmark runs the Kuhn Poker league on Ray: tests/integration/test_benchmarks_quick.py.)"""
 
 import json
 import os
@@ -30,15 +31,17 @@ def test_a_killed_three_player_league_resumes_with_its_ratings(tiny_model_dir, t
              "replay.args.capacity_episodes=16", "env.args.concurrency=8", "eval.opponents=[random]",
              "eval.games_per_seat=2", "eval.endpoint_games_per_seat=2", "eval.every_s=0", "learner.checkpoint_every=1",
              "league.args.snapshot_every_versions=2", "league.args.save_every_s=0.5",
-             "league.args.history_every_matches=5", "sampling.max_new_tokens=8"]
+             "league.args.history_every_matches=5", "sampling.max_new_tokens=8",
+             "league.args.reset_after_snapshot.league_exploiter=1.0"]
     process = subprocess.Popen([sys.executable, "-m", "actors.cli", "league", "run", *first],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 400
 
-    def ready():
+    def ready():  # and the league exploiter reset after a snapshot, then trained on
         state = league_state(run)
         checkpoints = all(find_checkpoint(run / "members" / m / "policy") for m in ("main", "leaguex"))
-        return state is not None and checkpoints and state["snapshots"] and len(state["history"]) >= 2
+        return (state is not None and checkpoints and state["snapshots"] and len(state["history"]) >= 2
+                and state["resets"] and state["versions"]["leaguex"] > state["resets"][0]["version"] + 1)
 
     while not ready():
         assert process.poll() is None, process.stderr.read()[-3000:]
@@ -49,6 +52,7 @@ def test_a_killed_three_player_league_resumes_with_its_ratings(tiny_model_dir, t
     killed = league_state(run)
     assert killed["members"] == [{"id": "main", "role": "main"}, {"id": "leaguex", "role": "league_exploiter"}]
     assert len(killed["ratings"]) >= 3  # three seats: the learner and two opponents rated at once
+    assert {r["member"] for r in killed["resets"]} == {"leaguex"}  # a main agent is never reset
 
     target = killed["stats"]["matches"] + 20
     resumed = subprocess.run([sys.executable, "-m", "actors.cli", "league", "run", f"resume={run}",
@@ -59,6 +63,7 @@ def test_a_killed_three_player_league_resumes_with_its_ratings(tiny_model_dir, t
     assert final["history"][:len(killed["history"])] == killed["history"]  # the ratings' past, as it was
     assert final["stats"]["matches"] >= target and final["stats"]["errored_matches"] == 0
     assert set(killed["snapshots"]) <= set(final["snapshots"])
+    assert final["resets"][:len(killed["resets"])] == killed["resets"]
     assert final["next_match"] > killed["next_match"]
     summary = json.loads((run / "summary.json").read_text())
     assert {e["tag"] for e in summary["evaluations"]} == {"resume-main-random", "final-main-random"}
@@ -70,3 +75,84 @@ def test_a_killed_three_player_league_resumes_with_its_ratings(tiny_model_dir, t
     missing = subprocess.run([sys.executable, "-m", "actors.cli", "league", "table", str(tmp_path)],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "not a league run directory" in missing.stderr
+
+
+def dice_league_on_ray(tiny_model_dir, tmp_path, players: int, max_matches: int, kill: str | None = None,
+                       ray=None) -> dict:
+    """A Liar's Dice league of ``players`` seats on the session's Ray, a main agent and a main exploiter (reset
+    after every snapshot), run to ``max_matches`` rated matches through ``LeagueRun`` itself; with ``kill``, that
+    actor is SIGKILLed once a third of the matches are played and its learners have checkpointed."""
+    import threading
+
+    from actors.cli import load_config
+    from actors.league_run import LeagueRun
+
+    cfg = load_config([f"model.path={tiny_model_dir}", f"run.dir={tmp_path}", f"run.name=dice{players}",
+                       "run.minutes=6", f"run.max_matches={max_matches}", "run.log_every_s=0.5", "env=liars_dice",
+                       "league=liars_dice", f"env.args.env_args.players={players}", f"league.args.players={players}",
+                       "league.members=[{id: main, role: main, model: null}, "
+                       "{id: exploiter, role: main_exploiter, model: null}]",
+                       "replay.args.batch_episodes=4", "replay.args.capacity_episodes=8", "env.args.concurrency=8",
+                       "eval.opponents=[random]", "eval.games_per_seat=1", "eval.endpoint_games_per_seat=1",
+                       "eval.every_s=0", "learner.checkpoint_every=2", "league.args.snapshot_every_versions=2",
+                       "league.args.snapshot_win_rate=null", "sampling.max_new_tokens=8"], "league")
+    outcome, run = {}, LeagueRun(cfg)
+    runner = threading.Thread(target=lambda: outcome.setdefault("summary", run.execute()))
+    runner.start()
+    try:
+        if kill:
+            def ready():
+                assert runner.is_alive(), "the league ended early"
+                state = league_state(run.dir)
+                return (state is not None and state["stats"]["matches"] >= max_matches // 3
+                        and all(find_checkpoint(run.dir / "members" / m / "policy") for m in ("main", "exploiter")))
+
+            while not ready():
+                time.sleep(0.2)
+            os.kill(ray.get(ray.get_actor(kill).pid.remote()), signal.SIGKILL)
+    finally:
+        runner.join(timeout=800)
+    summary = outcome["summary"]
+    assert not summary["interrupted"]
+    return summary
+
+
+def check_dice_league(summary: dict, tmp_path, players: int, max_matches: int) -> None:
+    import torch
+
+    from actors.learner import TRAINER_STATE
+
+    table, run = summary["table"], tmp_path / f"dice{players}"
+    assert table["matches"] >= max_matches and table["errored_matches"] == 0
+    assert len(table["ratings"]) >= 3  # the members and the snapshots or random they met, rated together
+    assert {s["member"] for s in table["snapshots"].values()} == {"main", "exploiter"}
+    # the main exploiter was reset after its first snapshot, and trained on after it
+    first = min(r["version"] for r in table["resets"] if r["member"] == "exploiter")
+    assert all(r["member"] == "exploiter" for r in table["resets"])  # a main agent is never reset
+    assert table["versions"]["exploiter"] > first + 1
+    learner = torch.load(run / "members" / "exploiter" / "policy" / TRAINER_STATE, weights_only=False)
+    assert first + 1 in learner["resets"] and learner["version"] > first + 1
+    assert {e["tag"] for e in summary["evaluations"]} == {"start-main-random", "final-main-random"}
+
+
+@pytest.mark.slow  # 3.7 minutes on the 2 shared cores here: over the default suite's budget
+@pytest.mark.ray
+@pytest.mark.timeout(900)
+def test_a_four_player_league_goes_on_after_a_learner_is_killed_and_resets_its_exploiter(ray_session,
+                                                                                         tiny_model_dir, tmp_path):
+    summary = dice_league_on_ray(tiny_model_dir, tmp_path, players=4, max_matches=100, kill="learner-main",
+                                 ray=ray_session)
+    check_dice_league(summary, tmp_path, players=4, max_matches=100)
+    assert summary["restarts"] == {"learner-main": 1}
+    metrics = [json.loads(line) for line in (tmp_path / "dice4" / "metrics.jsonl").read_text().splitlines()]
+    restarted = next(i for i, row in enumerate(metrics) if row["restarts"])
+    assert metrics[-1]["matches"] > metrics[restarted]["matches"]  # the league went on after the restart
+    assert metrics[-1]["versions"]["main"] > metrics[restarted]["versions"]["main"]  # and so did its learner
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.timeout(900)
+def test_a_six_player_league_runs_on_ray(ray_session, tiny_model_dir, tmp_path):
+    summary = dice_league_on_ray(tiny_model_dir, tmp_path, players=6, max_matches=150)
+    check_dice_league(summary, tmp_path, players=6, max_matches=150)

@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 
 from actors.league import LeagueActor, LeagueConfig
-from actors.matchmaking import MatchmakingConfig, Payoff, choose_opponent, pairwise_scores, pfsp_probabilities, \
-    pfsp_weight, seat_match, snapshot_due
+from actors.matchmaking import MatchmakingConfig, Payoff, check_reset_probabilities, choose_opponent, \
+    pairwise_scores, pfsp_probabilities, pfsp_weight, reset_after_snapshot, seat_match, snapshot_due
 from actors.snapshots import SnapshotError, parse_snapshot_id, snapshot_id, verify_snapshot, write_snapshot
 from streams.messages import MatchAssigned, MatchRequest, MatchResult
 from streams.wire import FrameError, pack
@@ -201,15 +201,15 @@ def test_snapshots_are_asked_for_once_and_join_only_when_their_checksums_hold(ti
     from actors.base_model import load_policy
 
     actor = league(tmp_path)
-    assert actor.observe({"main": 9, "exploiter": 3}) == []
-    assert actor.observe({"main": 10, "exploiter": 3}) == ["main"]
-    assert actor.observe({"main": 11}) == []  # asked already; the learner is writing it
+    assert actor.observe({"main": 9, "exploiter": 3}) == {}
+    assert actor.observe({"main": 10, "exploiter": 3}) == {"main": False}  # a main agent is never reset
+    assert actor.observe({"main": 11}) == {}  # asked already; the learner is writing it
     assert not actor.add_snapshot("main-v10", "main", 10, str(tmp_path / "missing"))  # refused, asked again
-    assert actor.observe({"main": 11}) == ["main"]
+    assert actor.observe({"main": 11}) == {"main": False}
     model, tokenizer = load_policy(tiny_model_dir)
     path = write_snapshot(model, tokenizer, tmp_path / "main-v11")
     assert actor.add_snapshot("main-v11", "main", 11, str(path))
-    assert actor.observe({"main": 20}) == [] and actor.observe({"main": 21}) == ["main"]
+    assert actor.observe({"main": 20}) == {} and actor.observe({"main": 21}) == {"main": False}
     with pytest.raises(ValueError, match="not a member"):
         actor.observe({"ghost": 3})
     opponents = {o for m in range(200) for o in actor.assign(MatchRequest(m, "tcp://127.0.0.1:1", ["leaguex"])).seats}
@@ -243,3 +243,102 @@ def test_six_player_matches_seat_the_learner_once_and_draw_every_other_seat(tmp_
     actor.record(MatchResult(0, "main", ["random", "main", "random", "random", "random", "random"],
                              [-1.0, 5.0, -1.0, -1.0, -1.0, -1.0]))
     assert actor.payoff.win_rate("main", "random") > 0.5 and set(actor.ratings) == {"main", "random"}
+
+
+# -- exploiter resets --------------------------------------------------------------------------------------------
+
+def test_exploiters_are_reset_after_a_snapshot_with_their_roles_probability():
+    rng, probabilities = random.Random(0), {"main_exploiter": 1.0, "league_exploiter": 0.25}
+    assert all(reset_after_snapshot("main_exploiter", probabilities, rng) for _ in range(100))
+    assert not any(reset_after_snapshot("main", probabilities, rng) for _ in range(100))  # not listed: never
+    resets = sum(reset_after_snapshot("league_exploiter", probabilities, rng) for _ in range(4000))
+    assert resets / 4000 == pytest.approx(0.25, abs=0.03)
+    before = rng.getstate()
+    reset_after_snapshot("main_exploiter", probabilities, rng)  # certain: no draw spent
+    assert rng.getstate() == before
+    with pytest.raises(ValueError, match="'main' cannot be reset"):
+        check_reset_probabilities({"main": 0.5})
+    with pytest.raises(ValueError, match="must be in \\[0, 1\\], not 2"):
+        check_reset_probabilities({"league_exploiter": 2})
+
+
+def test_the_league_asks_an_exploiters_learner_to_reset_and_records_it_with_the_snapshot(tiny_model_dir, tmp_path):
+    from actors.base_model import load_policy
+
+    actor = league(tmp_path)  # the default: main exploiters always, league exploiters with 0.25
+    assert actor.observe({"main": 10, "exploiter": 10}) == {"main": False, "exploiter": True}
+    model, tokenizer = load_policy(tiny_model_dir)
+    path = write_snapshot(model, tokenizer, tmp_path / "exploiter-v10")
+    assert actor.add_snapshot("exploiter-v10", "exploiter", 10, str(path))
+    assert actor.resets == [{"member": "exploiter", "snapshot": "exploiter-v10", "version": 10}]
+    assert actor.statistics()["resets"] == 1 and actor.table()["resets"] == actor.resets
+    actor.save()
+    assert league(tmp_path, resume=True).resets == actor.resets
+    off = league(tmp_path / "off", reset_after_snapshot={})
+    assert off.observe({"exploiter": 10}) == {"exploiter": False}
+    with pytest.raises(ValueError, match="reset_after_snapshot: 'coach' cannot be reset"):
+        league(tmp_path, reset_after_snapshot={"coach": 1.0})
+
+
+def test_a_learner_reset_brings_back_the_base_weights_and_a_fresh_optimizer_as_a_new_version(tiny_model_dir):
+    import torch
+
+    from actors.learner import LearnerActor, LearnerConfig
+
+    learner = LearnerActor(LearnerConfig(model_path=str(tiny_model_dir), policy_id="exploiter"))
+    model, _, optimizer = learner._load()
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()  # one step away from the base model
+    optimizer.step()
+    learner.version, learner.state.baselines = 7, {0: 0.3}
+    assert optimizer.state and any(not torch.equal(base[k], v) for k, v in model.state_dict().items())
+    learner._reset(model, optimizer)
+    assert all(torch.equal(base[k], v) for k, v in model.state_dict().items())
+    assert not optimizer.state and learner.state.baselines == {}
+    assert learner.version == 8 and learner.statistics()["resets"] == [8]  # the version goes on up
+
+
+# -- restarts in a league run --------------------------------------------------------------------------------------
+
+class FakeCluster:
+    """Records restarts and calls; every actor answers its statistics with its name."""
+
+    def __init__(self):
+        self.restarted, self.calls = [], []
+
+    def restart(self, name, **changes):
+        self.restarted.append((name, changes))
+        return {"version": 3, "cursor": 5}
+
+    def call(self, name, method, *args):
+        self.calls.append((name, method, *args))
+        return 1
+
+    def statistics(self, name):
+        return {"name": name, "cursor": 5}
+
+    def is_dead(self, error):
+        return True
+
+
+def test_a_league_run_restarts_a_members_actors_and_refuses_to_restart_an_env_actor_or_the_league(tmp_path):
+    from actors.cli import load_config
+    from actors.launcher import LeagueTopology, Topology
+    from actors.league_run import LeagueRun
+    from actors.recovery import GroupRecovery
+
+    run = LeagueRun(load_config([f"run.dir={tmp_path}", "run.name=l"], "league"))
+    cluster, top = FakeCluster(), LeagueTopology(envs=["env-0"])
+    top.members["main"] = Topology("learner-main", "replay-main", "reward-main", rollouts=["rollout-main-0"])
+    run.cluster, run.top, run.asked = cluster, top, {"main": False}
+    run.groups = {"main": GroupRecovery(cluster, top.members["main"], top.envs, tmp_path / "l" / "members" / "main")}
+    assert run._recover("rollout-main-0", RuntimeError()) == {"name": "rollout-main-0", "cursor": 5}
+    assert ("env-0", "reissue") in cluster.calls  # its unanswered requests are sent again
+    run._recover("learner-main", RuntimeError())  # no checkpoint yet: from the base model; replay rewinds
+    assert cluster.restarted[-1] == ("learner-main", {"resume": False})
+    assert ("replay-main", "rewind", 5) in cluster.calls
+    assert ("learner-main", "snapshot", str(run.dir / "league" / "snapshots"), False) in cluster.calls  # asked again
+    assert run.restarts == {"rollout-main-0": 1, "learner-main": 1}
+    for name in ("env-0", "league"):
+        with pytest.raises(RuntimeError, match=f"the {name} actor died .*`tidal league run resume="):
+            run._recover(name, RuntimeError())

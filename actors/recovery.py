@@ -1,0 +1,73 @@
+"""Restarting a dead actor of one policy's group: its rollout actors, reward, replay and learner.
+
+A single-policy run has one such group; a league has one per learning member (the env actors and the league
+are shared, and handled by their run). Each actor comes back at its old addresses (``cluster.restart``), and
+nothing is lost or counted twice (README, "Faults and scaling"):
+
+- a rollout actor: the env actors send again every request still unanswered (which only it knew);
+- a reward actor: the env actors send again what it had not acknowledged;
+- a replay actor: it reloads its spill, and sends again the batches after the learner's data cursor;
+- a learner: from its last checkpoint (or the base model), and replay sends again the batches after its cursor.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def call_unless_dead(cluster, name: str, method: str, *args):
+    """Call ``name``; if it died, None: the next health check restarts it, and the restart sees to it."""
+    try:
+        return cluster.call(name, method, *args)
+    except Exception as error:
+        if not cluster.is_dead(error):
+            raise
+        return None
+
+
+class GroupRecovery:
+    """Restarts the actors of one policy's group ``top`` (a ``launcher.Topology``), whose env actors are
+    ``envs`` and whose learner checkpoints to ``policy_dir``."""
+
+    def __init__(self, cluster, top, envs: list[str], policy_dir: Path):
+        self.cluster, self.top, self.envs, self.policy_dir = cluster, top, envs, Path(policy_dir)
+
+    def owns(self, name: str) -> bool:
+        return name in (self.top.learner, self.top.replay, self.top.reward, *self.top.rollouts)
+
+    def restart(self, name: str) -> dict:
+        """Start ``name`` (one of this group's actors) again; what its start returned (its addresses)."""
+        top = self.top
+        if name in top.rollouts:
+            return self._restart_rollout(name)
+        if name == top.learner:
+            return self._restart_learner()
+        started = self.cluster.restart(name)
+        if name == top.replay:
+            self.rewind_replay(self.cluster.statistics(top.learner)["cursor"])
+        return started  # reward: its env actors send again what it had not acknowledged
+
+    def _restart_rollout(self, name: str) -> dict:
+        """At its old address; the env actors send again their unanswered requests (which only it knew)."""
+        started = self.cluster.restart(name)
+        reissued = sum(call_unless_dead(self.cluster, env, "reissue") or 0 for env in self.envs)
+        log.warning("%s restarted; %d unanswered generation requests sent again", name, reissued)
+        return started
+
+    def _restart_learner(self) -> dict:
+        """From its last checkpoint (or the base model, if it made none yet); replay sends again, in order, the
+        batches after the checkpoint's data cursor, so it trains on each once."""
+        from actors.learner import find_checkpoint
+
+        resume = find_checkpoint(self.policy_dir) is not None
+        started = self.cluster.restart(self.top.learner, resume=resume)
+        log.warning("%s restarted at version %d; batches after %d come again", self.top.learner,
+                    started["version"], started["cursor"])
+        self.rewind_replay(started["cursor"])
+        return started
+
+    def rewind_replay(self, cursor: int) -> None:
+        call_unless_dead(self.cluster, self.top.replay, "rewind", cursor)  # dead too: its own restart rewinds it
