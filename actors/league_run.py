@@ -22,7 +22,7 @@ from pathlib import Path
 
 from actors.base_model import ensure_base_model, tiny_model_config
 from actors.monitor import Evaluation
-from actors.recovery import GroupRecovery
+from actors.recovery import GroupRecovery, statistics_or_recover
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +78,7 @@ class LeagueRun:
 
     def _stats(self) -> dict[str, dict]:
         """Every actor's statistics; this is also the health check: a dead actor is found here."""
-        stats = {}
-        for name in self.top.names():
-            try:
-                stats[name] = self.cluster.statistics(name)
-            except Exception as error:
-                if not self.cluster.is_dead(error):
-                    raise
-                stats[name] = self._recover(name, error)
-        return stats
+        return statistics_or_recover(self.cluster, self.top.names(), self._recover)
 
     def _recover(self, name: str, error: Exception) -> dict:
         """Restart a dead actor of a member's group; any other dead actor ends the run, saying how to resume."""

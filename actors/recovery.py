@@ -28,6 +28,20 @@ def call_unless_dead(cluster, name: str, method: str, *args):
         return None
 
 
+def statistics_or_recover(cluster, names, recover) -> dict[str, dict]:
+    """Every actor's statistics, by name: the run's health check. An actor found dead is handed to
+    ``recover(name, error)``, which restarts it (or raises) and returns what stands in for its statistics."""
+    stats = {}
+    for name in names:
+        try:
+            stats[name] = cluster.statistics(name)
+        except Exception as error:
+            if not cluster.is_dead(error):
+                raise
+            stats[name] = recover(name, error)
+    return stats
+
+
 class GroupRecovery:
     """Restarts the actors of one policy's group ``top`` (a ``launcher.Topology``), whose env actors are
     ``envs`` and whose learner checkpoints to ``policy_dir``."""

@@ -14,7 +14,7 @@ from actors.autoscale import AutoscaleConfig, autoscale_target
 from actors.base_model import ensure_base_model, tiny_model_config
 from actors.control import ControlServer
 from actors.monitor import Evaluation, MetricsLog, plot_learning_curve
-from actors.recovery import GroupRecovery, call_unless_dead
+from actors.recovery import GroupRecovery, call_unless_dead, statistics_or_recover
 
 log = logging.getLogger(__name__)
 SCALABLE = ("rollout",)
@@ -101,15 +101,7 @@ class Run:
 
     def _stats(self) -> dict[str, dict]:
         """Every actor's statistics; this is also the health check: a dead actor is found here."""
-        stats = {}
-        for name in self.top.names():
-            try:
-                stats[name] = self.cluster.statistics(name)
-            except Exception as error:
-                if not self.cluster.is_dead(error):
-                    raise
-                stats[name] = self._recover(name, error)
-        return stats
+        return statistics_or_recover(self.cluster, self.top.names(), self._recover)
 
     def _recover(self, name: str, error: Exception) -> dict:
         """Restart a dead actor of any kind, losing nothing and counting nothing twice (README, "Faults")."""
