@@ -94,8 +94,8 @@ class RayCluster:
         addresses, in order."""
         starting = []
         for name, actor_cls, cfg, peers in actors:
-            handle = self._remote_host.options(name=name, **self._placement(name)).remote(actor_cls, cfg, name, self.host, self.curve_dir,
-                                                                  rebind)
+            handle = self._remote_host.options(name=name, **self._placement(name)).remote(
+                actor_cls, cfg, name, self.host, self.curve_dir, rebind)
             self.handles[name] = handle
             starting.append(handle.start.remote(peers))
         addresses = self.ray.get(starting)
