@@ -40,9 +40,23 @@ class _NodeActorHost(ActorHost):
         super().__init__(actor_cls, cfg, name, node, curve_dir, rebind)
 
 
+ACTOR_KINDS = ("learner", "replay", "reward", "rollout", "env", "league")
+
+
 def actor_kind(name: str) -> str:
     """``rollout-3`` -> ``rollout``, ``learner-m`` -> ``learner``: the key of ``ray.resources``."""
     return name.split("-", 1)[0]
+
+
+def check_resources(resources: dict) -> dict:
+    """``ray.resources``, checked: known actor kinds, each a mapping of resource names to amounts."""
+    for kind, wanted in resources.items():
+        if kind not in ACTOR_KINDS:
+            raise ValueError(f"ray.resources: unknown actor kind {kind!r}; choose among {', '.join(ACTOR_KINDS)}")
+        if not isinstance(wanted, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in wanted.values()):
+            raise ValueError(f"ray.resources.{kind} must map resource names to amounts >= 0, not {wanted!r}")
+    return {kind: dict(wanted) for kind, wanted in resources.items()}
 
 
 class RayCluster:
@@ -59,6 +73,7 @@ class RayCluster:
         if host != NODE_HOST and not is_loopback(host) and not curve_dir:  # fail here, before any actor starts
             raise ValueError(f"ray.host={host} binds streams beyond loopback: set ray.curve_dir to the cluster's "
                              "CURVE keys (see README, 'Security')")
+        self.resources = check_resources(resources or {})
         self.ray = ray
         self.host, self.curve_dir = host, curve_dir
         self.owns_ray = not ray.is_initialized()
@@ -71,7 +86,6 @@ class RayCluster:
             if beyond:
                 raise ValueError(f"ray.host=node binds streams on the nodes' addresses, {beyond} beyond loopback: "
                                  "set ray.curve_dir to the cluster's CURVE keys (see README, 'Security')")
-        self.resources = {kind: dict(wanted) for kind, wanted in (resources or {}).items()}
         self.handles: dict[str, object] = {}
         self.specs: dict[str, tuple] = {}  # name -> (class, config, peers, bound addresses): what a restart needs
         # num_cpus=0: actors share the machine's cores; Ray only places and supervises them.
