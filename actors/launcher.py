@@ -24,26 +24,81 @@ from streams.zmq_channels import is_loopback
 log = logging.getLogger(__name__)
 
 
-class RayCluster:
-    """Actors as Ray actors (one process each), their streams on ZeroMQ."""
+NODE_HOST = "node"  # ray.host=node: each actor binds on the address Ray reports for the node it landed on
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None, host: str = "127.0.0.1",
-                 curve_dir: str | None = None):
+
+class _NodeActorHost(ActorHost):
+    """An ActorHost whose streams bind on its node's address (``ray.host=node``): on a cluster each actor is
+    reachable at its own machine's address. Defined here because only the launcher may know Ray."""
+
+    def __init__(self, actor_cls, cfg, name: str, host: str, curve_dir: str | None, rebind: list[str]):
         import ray
 
-        if not is_loopback(host) and not curve_dir:  # fail here, before any actor starts
+        node = ray.util.get_node_ip_address()
+        if not is_loopback(node) and not curve_dir:
+            raise ValueError(f"{name} landed on node {node}, beyond loopback: ray.host=node needs ray.curve_dir")
+        super().__init__(actor_cls, cfg, name, node, curve_dir, rebind)
+
+
+ACTOR_KINDS = ("learner", "replay", "reward", "rollout", "env", "league")
+
+
+def actor_kind(name: str) -> str:
+    """``rollout-3`` -> ``rollout``, ``learner-m`` -> ``learner``: the key of ``ray.resources``."""
+    return name.split("-", 1)[0]
+
+
+def check_resources(resources: dict) -> dict:
+    """``ray.resources``, checked: known actor kinds, each a mapping of resource names to amounts."""
+    for kind, wanted in resources.items():
+        if kind not in ACTOR_KINDS:
+            raise ValueError(f"ray.resources: unknown actor kind {kind!r}; choose among {', '.join(ACTOR_KINDS)}")
+        if not isinstance(wanted, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in wanted.values()):
+            raise ValueError(f"ray.resources.{kind} must map resource names to amounts >= 0, not {wanted!r}")
+    return {kind: dict(wanted) for kind, wanted in resources.items()}
+
+
+class RayCluster:
+    """Actors as Ray actors (one process each), their streams on ZeroMQ.
+
+    ``resources`` maps an actor kind (learner, replay, reward, rollout, env, league) to the Ray resources each
+    actor of that kind asks for (``GPU``, or a custom resource a node was started with): Ray then places it on
+    a node that has them. ``host="node"`` binds each actor's streams on its own node's address."""
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, host: str = "127.0.0.1",
+                 curve_dir: str | None = None, resources: dict | None = None):
+        import ray
+
+        if host != NODE_HOST and not is_loopback(host) and not curve_dir:  # fail here, before any actor starts
             raise ValueError(f"ray.host={host} binds streams beyond loopback: set ray.curve_dir to the cluster's "
                              "CURVE keys (see README, 'Security')")
+        self.resources = check_resources(resources or {})
         self.ray = ray
         self.host, self.curve_dir = host, curve_dir
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
             kwargs = {"num_cpus": num_cpus} if address is None else {"address": address}
             ray.init(include_dashboard=False, logging_level=logging.WARNING, **kwargs)
+        if host == NODE_HOST and not curve_dir:
+            beyond = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]
+                             and not is_loopback(n["NodeManagerAddress"])})
+            if beyond:
+                raise ValueError(f"ray.host=node binds streams on the nodes' addresses, {beyond} beyond loopback: "
+                                 "set ray.curve_dir to the cluster's CURVE keys (see README, 'Security')")
         self.handles: dict[str, object] = {}
         self.specs: dict[str, tuple] = {}  # name -> (class, config, peers, bound addresses): what a restart needs
         # num_cpus=0: actors share the machine's cores; Ray only places and supervises them.
-        self._remote_host = ray.remote(num_cpus=0, max_concurrency=4)(ActorHost)
+        self._remote_host = ray.remote(num_cpus=0, max_concurrency=4)(
+            _NodeActorHost if host == NODE_HOST else ActorHost)
+
+    def _placement(self, name: str) -> dict:
+        """Ray options that place ``name`` where ``ray.resources`` says its kind goes."""
+        wanted = dict(self.resources.get(actor_kind(name), {}))
+        options = {"num_gpus": wanted.pop("GPU")} if "GPU" in wanted else {}
+        if "CPU" in wanted:
+            options["num_cpus"] = wanted.pop("CPU")
+        return {**options, "resources": wanted} if wanted else options
 
     def spawn(self, name: str, actor_cls, cfg, peers: dict, rebind: list[str] = ()) -> dict:
         return self.spawn_many([(name, actor_cls, cfg, peers)], rebind)[0]
@@ -53,8 +108,8 @@ class RayCluster:
         addresses, in order."""
         starting = []
         for name, actor_cls, cfg, peers in actors:
-            handle = self._remote_host.options(name=name).remote(actor_cls, cfg, name, self.host, self.curve_dir,
-                                                                  rebind)
+            handle = self._remote_host.options(name=name, **self._placement(name)).remote(
+                actor_cls, cfg, name, self.host, self.curve_dir, rebind)
             self.handles[name] = handle
             starting.append(handle.start.remote(peers))
         addresses = self.ray.get(starting)
@@ -179,8 +234,9 @@ def open_cluster(cfg: dict):
         return LocalCluster(transport=cfg["run"].get("local_transport", "memory"))
     if cfg["run"]["mode"] != "ray":
         raise ValueError(f"run.mode must be 'ray' or 'local', not {cfg['run']['mode']!r}")
-    return RayCluster(address=cfg["ray"]["address"], num_cpus=cfg["ray"]["num_cpus"], host=cfg["ray"]["host"],
-                      curve_dir=cfg["ray"]["curve_dir"])
+    ray_cfg = cfg["ray"]
+    return RayCluster(address=ray_cfg["address"], num_cpus=ray_cfg["num_cpus"], host=ray_cfg["host"],
+                      curve_dir=ray_cfg["curve_dir"], resources=ray_cfg.get("resources"))
 
 
 VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses higher temperatures

@@ -157,6 +157,7 @@ class MetricsLog:
                "learner_busy": learner.get("busy"),
                "rollout_idle": sum(s.get("idle_fraction", 0.0) for s in rollouts) / max(len(live_rollouts), 1),
                "queue_requests": sum(s.get("queued_requests", 0) for s in rollouts),
+               "rollout_actors": len(live_rollouts),
                "queue_replay": replay.get("buffered", 0),
                "live_episodes": sum(s.get("live_episodes", 0) for s in envs),
                "rejected_episodes": learner.get("rejected_episodes", 0),
@@ -186,6 +187,16 @@ class MetricsLog:
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         return row
+
+
+def episodes_per_s(rows: list[dict], since: float, until: float) -> float | None:
+    """Episodes finished per second between the first and the last metrics row in [since, until] (wall-clock
+    times), from the run's totals: the rate of one phase of a run (e.g. between two scale events). None if
+    fewer than two rows fall inside."""
+    inside = [r for r in rows if since <= r["time"] <= until]
+    if len(inside) < 2 or inside[-1]["time"] <= inside[0]["time"]:
+        return None
+    return (inside[-1]["episodes"] - inside[0]["episodes"]) / (inside[-1]["time"] - inside[0]["time"])
 
 
 def plot_learning_curve(evaluations: list[dict], rows: list[dict], path: Path, opponent: str) -> None:

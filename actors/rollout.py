@@ -55,8 +55,15 @@ class RolloutConfig:
     seed: int = 0
     snapshot_dir: str | None = None  # a league's snapshots (<policy_id>-v<n>/), served beside the live policy
     max_snapshots: int = 8  # snapshot models kept loaded
+    # hf: seconds every batch takes on top of sampling, as on a remote or much larger engine: a latency-bound
+    # task, on which more rollout actors mean more throughput (the scaling benchmark, autoscaling tests)
+    latency_s: float = 0.0
 
     def __post_init__(self):
+        if not self.latency_s >= 0:
+            raise ValueError(f"rollout latency_s must be >= 0 seconds, not {self.latency_s!r}")
+        if self.latency_s and self.backend != "hf":
+            raise ValueError(f"rollout latency_s is emulated by the hf backend only, not {self.backend!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown rollout backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if isinstance(self.vllm, dict):
@@ -191,6 +198,8 @@ class RolloutActor:
                     batch.append(queue_out.receive_nowait())
                 except trio.WouldBlock:
                     break
+            if self.cfg.latency_s:
+                await trio.sleep(self.cfg.latency_s)  # the emulated engine's latency: this batch is busy meanwhile
             live = [r for r in batch if r.policy_id == self.cfg.policy_id]
             if live:
                 await self._catch_up(model, max(request.min_version for request in live))

@@ -202,6 +202,8 @@ class Run:
             reissued = sum(self._call_unless_dead(env, "reissue") or 0 for env in top.envs)
             log.warning("%d unanswered generation requests of the leaving rollout actors sent again", reissued)
         log.warning("%d rollout actors serve the env actors", count)
+        if self.scale_events:
+            self.scale_events[-1]["applied"] = time.time()  # from now on ``count`` actors serve
 
     def _evaluate_now(self, tag: str, games: int) -> dict:
         evaluation = self._evaluation(tag, games)

@@ -2,6 +2,7 @@
 
 import torch
 import trio
+import trio.testing
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.endpoints import Inbox, Outbox
@@ -85,3 +86,31 @@ def test_snapshots_are_served_beside_the_live_policy_and_a_bad_one_is_refused(ti
     assert "not a snapshot" in seen["main-v9"].error
     assert "not 'other-v7'" in seen["other-v7"].error
     assert seen["stats"]["snapshots_loaded"] == 1 and seen["stats"]["unknown_policy"] == 3
+
+
+def test_latency_s_bounds_what_one_actor_answers(tiny_model_dir):
+    """``latency_s`` (the latency-bound task): every batch takes that long on top of sampling, so one actor
+    with ``max_batch=1`` answers 3 requests no sooner than 3 latencies after they came (trio's virtual clock)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = tokenizer("TicTacToe. You are X.\n1|2|3\n4|5|6\n7|8|9\nMove:")["input_ids"]
+    answered = []
+
+    async def main():
+        transport = MemoryTransport()
+        rollout = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir), max_batch=1, latency_s=10.0))
+        async with transport.open_receiver() as completions, trio.open_nursery() as nursery:
+            addresses = await nursery.start(rollout.run, transport, {})
+            replies = Inbox(completions, Kind.COMPLETION, Completion.from_body)
+            async with transport.open_sender([addresses["requests"]]) as requests:
+                sent_at = trio.current_time()
+                for request_id in range(3):
+                    out = Outbox(requests, Kind.GENERATE, "env")
+                    await out.send(GenerationRequest(request_id, completions.address, "main", prompt, 1.0, 4,
+                                                     0).to_body())
+                for _ in range(3):
+                    await replies.receive()
+                    answered.append(trio.current_time() - sent_at)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [round(t // 10) for t in answered] == [1, 2, 3], answered

@@ -65,3 +65,7 @@ def test_the_backend_is_chosen_in_the_rollout_config():
     assert load_config([])["rollout"]["backend"] == "hf"
     with pytest.raises(ValueError, match="unknown rollout backend 'sglang'"):
         RolloutConfig(model_path="m", backend="sglang")
+    with pytest.raises(ValueError, match="latency_s must be >= 0"):
+        RolloutConfig(model_path="m", latency_s=-1)
+    with pytest.raises(ValueError, match="latency_s is emulated by the hf backend only"):
+        RolloutConfig(model_path="m", backend="vllm", latency_s=0.1)
