@@ -36,9 +36,6 @@ def run_one(loss: str, eta: int, versions: int, out: Path, extra: list[str], see
     overrides = [
         f"learner.args.objective.loss={LOSSES[loss]}", f"learner.max_staleness={eta}",
         f"run.max_versions={versions}", "run.minutes=60", "run.progress=false", "eval.every_s=0",
-        # the learner settings of the measurements in the README (the default job's now differ)
-        "learner.args.lr=0.00025", "learner.args.lr_decay=constant", "learner.args.objective.minibatches=4",
-        "env.args.invalid_penalty=-1.0",
         "env.args.opponent_share=1.0", f"run.dir={out}", f"run.name={loss}-eta{eta}-seed{seed}", f"run.seed={seed}",
         *extra,
     ]
