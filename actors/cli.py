@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -52,6 +54,8 @@ def resumed_config(run_dir: str, overrides: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>`: every thread's stack to stderr, for a run that hangs
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = argparse.ArgumentParser(prog="tidal", description="Asynchronous RL for language-model agents.")
     commands = parser.add_subparsers(dest="command", required=True)
     launch = commands.add_parser("launch", help="run a job (default: self-play TicTacToe on an embedded Ray)")

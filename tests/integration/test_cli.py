@@ -77,7 +77,17 @@ def test_ctrl_c_stops_the_run_and_keeps_its_metrics_and_plot(tiny_model_dir, tmp
         assert process.poll() is None and time.monotonic() < deadline, "the run ended or stalled before training"
         time.sleep(0.1)
     process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=120)
+    try:
+        out, err = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # say where it hangs (the CLI dumps every thread's stack on SIGUSR1)
+        process.send_signal(signal.SIGUSR1)
+        try:
+            process.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"SIGINT did not stop the run within 120 s; its threads then:\n{err[-8000:]}")
     assert process.returncode == 130, err[-2000:]
     summary = json.loads((tmp_path / "interrupted" / "summary.json").read_text())
     assert summary["interrupted"] and summary["start_nonloss"] is not None and summary["final_nonloss"] is None
