@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import io
 import json
 import logging
 import signal
@@ -53,9 +54,17 @@ def resumed_config(run_dir: str, overrides: list[str]) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
+def dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1 <pid>`: every thread's stack to the process's real stderr, for a run that seems to hang.
+    Skipped where that stderr has no file descriptor (or the platform no SIGUSR1)."""
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
-    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>`: every thread's stack to stderr, for a run that hangs
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    dump_stacks_on_sigusr1()
     parser = argparse.ArgumentParser(prog="tidal", description="Asynchronous RL for language-model agents.")
     commands = parser.add_subparsers(dest="command", required=True)
     launch = commands.add_parser("launch", help="run a job (default: self-play TicTacToe on an embedded Ray)")
