@@ -69,8 +69,14 @@ def test_ctrl_c_stops_the_run_and_keeps_its_metrics_and_plot(tiny_model_dir, tmp
     args = [f"model.path={tiny_model_dir}", f"run.dir={tmp_path}", "run.name=interrupted", "run.mode=local",
             "run.minutes=5", "run.log_every_s=0.5", "replay.args.batch_episodes=8", "env.args.concurrency=8",
             "eval.games_per_seat=4", "eval.endpoint_games_per_seat=4", "eval.every_s=0", "sampling.max_new_tokens=4"]
-    process = subprocess.Popen([sys.executable, "-m", "actors.cli", "launch", *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    # a child inherits an ignored SIGINT (pytest started as a background job of a script), and Python then
+    # leaves it ignored: the Ctrl-C under test would do nothing. Handled here, the child starts with the default.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "actors.cli", "launch", *args], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     metrics = tmp_path / "interrupted" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):  # training has begun
