@@ -90,7 +90,7 @@ class LeagueRun:
         log.warning("%s died (%s); restarting it", name, type(error).__name__)
         self.groups[member].restart(name)
         if name == self.top.members[member].learner and member in self.asked:  # its snapshot died with it
-            self.cluster.call(name, "snapshot", str(self.dir / "league" / "snapshots"), self.asked[member])
+            self._ask_snapshot(member, self.asked[member])
         self.restarts[name] = self.restarts.get(name, 0) + 1
         return self.cluster.statistics(name)
 
@@ -108,9 +108,12 @@ class LeagueRun:
         due = self.cluster.call(self.top.league, "observe", {m: s["version"] for m, s in learners.items()})
         for member, reset in due.items():
             self.asked[member] = reset
-            self.cluster.call(self.top.members[member].learner, "snapshot", str(self.dir / "league" / "snapshots"),
-                              reset)
+            self._ask_snapshot(member, reset)
         return stats
+
+    def _ask_snapshot(self, member: str, reset: bool) -> None:
+        """Ask ``member``'s learner for a snapshot (and, with ``reset``, to start again from the base model)."""
+        self.cluster.call(self.top.members[member].learner, "snapshot", str(self.dir / "league" / "snapshots"), reset)
 
     def _train(self) -> None:
         run, ev = self.cfg["run"], self.cfg["eval"]
