@@ -46,6 +46,7 @@ import trio
 
 from actors.endpoints import Inbox, Outbox
 from actors.evaluation import EvaluationTally
+from actors.matchmaking import WEIGHTINGS, Payoff, draw, pfsp_probabilities
 from envs.base import StepResult
 from actors.snapshots import parse_snapshot_id
 from envs.registry import OPPONENTS, make, make_opponent
@@ -79,6 +80,10 @@ class EnvConfig:
     start_versions: dict = field(default_factory=dict)  # a league: each member's start version
     opponent: str = "random"  # the fixed opponent of the training games below
     opponent_share: float = 0.0  # fraction of training games against ``opponent`` instead of the mirror
+    # The policy's seat in those games: "uniform", or a PFSP weighting (actors.matchmaking: hard, variance,
+    # linear_capped) over its decayed score in each seat against ``opponent``: more games where it is weaker.
+    opponent_seat: str = "uniform"
+    opponent_seat_decay: float = 0.995  # the per-game decay of those scores (about the last 200 games)
     seed: int = 0
     incarnation: int = 0  # how many times this actor was restarted in its run
     started_before: int = 0  # training episodes its predecessors delivered in this run (a restart's admission)
@@ -87,6 +92,10 @@ class EnvConfig:
     def __post_init__(self):
         if self.policy_id in OPPONENTS:
             raise ValueError(f"policy_id {self.policy_id!r} is the name of a fixed opponent; choose another")
+        if self.opponent_seat != "uniform" and self.opponent_seat not in WEIGHTINGS:
+            raise ValueError(f"opponent_seat {self.opponent_seat!r}: choose uniform or a PFSP weighting "
+                             f"({', '.join(WEIGHTINGS)})")
+        Payoff(self.opponent_seat_decay)  # checks the decay
 
 
 class EnvActor:
@@ -110,6 +119,7 @@ class EnvActor:
         self._started[cfg.policy_id] += cfg.started_before
         self._idle_games = [self._make_game()]  # also checks env_name and env_args now
         self._return_sums = [0.0] * self._idle_games[0].num_players
+        self._seat_scores = Payoff(cfg.opponent_seat_decay)  # "seat<i>" against cfg.opponent, training games
         self._nursery = None
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -209,6 +219,7 @@ class EnvActor:
             "admission_limit": sum(map(self._admission_limit, self._started)),
             "versions": dict(self._versions),
             **{f"mean_return_seat{seat}": total / episodes for seat, total in enumerate(self._return_sums)},
+            "opponent_seat_probabilities": self._opponent_seat_probabilities(),
             "prompt_cache_hits": self.codec.hits if self._nursery else 0,
             "dropped_frames": self._completions.statistics()["dropped_frames"] if self._nursery else 0,
             "streams": {"completions": self._completions.statistics(), "versions": self._versions_inbox.statistics()}
@@ -272,7 +283,22 @@ class EnvActor:
         """Mirror self-play, or (a share ``opponent_share`` of games) the policy in one seat against the opponent."""
         if self._rng.random() >= self.cfg.opponent_share:
             return [self.cfg.policy_id] * len(self._return_sums)
-        return self._seats(self.cfg.opponent, self._rng.randrange(len(self._return_sums)), self.cfg.policy_id)
+        seat = int(draw(self._opponent_seat_probabilities(), self._rng))
+        return self._seats(self.cfg.opponent, seat, self.cfg.policy_id)
+
+    def _opponent_seat_probabilities(self) -> dict[str, float]:
+        """Seat (as a string) -> probability that the policy sits there in a game against the fixed opponent."""
+        seats = [str(seat) for seat in range(len(self._return_sums))]
+        if self.cfg.opponent_seat == "uniform":
+            return {seat: 1.0 / len(seats) for seat in seats}
+        scores = {seat: self._seat_scores.win_rate(seat, self.cfg.opponent) for seat in seats}
+        return pfsp_probabilities(scores, self.cfg.opponent_seat)
+
+    def _score_opponent_game(self, seats: list[str], returns: list[float]) -> None:
+        """A training game of the policy in one seat against the fixed opponent: its score (1 a win, 0.5 a
+        draw, 0 a loss or forfeit, by the sign of its return) in that seat, for ``opponent_seat``."""
+        seat = seats.index(self.cfg.policy_id)
+        self._seat_scores.add(str(seat), self.cfg.opponent, 0.5 + 0.5 * ((returns[seat] > 0) - (returns[seat] < 0)))
 
     async def _train_one(self, slots: trio.Semaphore, match: MatchAssigned) -> None:
         try:
@@ -283,6 +309,8 @@ class EnvActor:
                 policy_returns = [r for r, who in zip(played[1], seats) if who == learner]
                 self._stats["train_episodes"] += 1
                 self._stats["train_return_sum"] += sum(policy_returns) / len(policy_returns)
+                if match.match_id < 0 and self.cfg.opponent in seats:
+                    self._score_opponent_game(seats, played[1])
                 await self._episodes[learner].send(encode_table(trajectory_table(played[0])))
                 if self.cfg.ledger_dir:
                     await self._record_delivery(learner, played[0][0][Columns.EPISODE_ID])

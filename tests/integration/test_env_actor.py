@@ -1,5 +1,6 @@
 """The env actor against a scripted policy (a fake rollout actor on the same loop), over in-memory streams."""
 
+import re
 import pytest
 import trio
 import trio.testing
@@ -75,6 +76,27 @@ def test_a_share_of_training_games_against_the_fixed_opponent(tiny_model_dir):
         expected = "main,random" if seats == {0} else "random,main"
         assert set(table.column(Columns.MATCHUP).to_pylist()) == {expected}
     assert {next(iter(set(t.column(Columns.AGENT).to_pylist()))) for t in episodes} == {0, 1}
+
+
+def first_free_cell_as_x(prompt: str) -> str:
+    """Plays X (the first free cell); forfeits every game as O."""
+    board = re.search(r"You are X\.\n(.*?)\nMove:", prompt, re.S)
+    return f"[{re.search(r'[1-9]', board.group(1)).group()}]" if board else "pass"
+
+
+def test_games_against_the_fixed_opponent_go_to_the_seat_where_the_policy_is_weaker(tiny_model_dir):
+    *episodes, stats = run_episodes(tiny_model_dir, first_free_cell_as_x, episodes=300, opponent_share=1.0,
+                                    batch_episodes=300, opponent_seat="hard", opponent_seat_decay=0.98)
+    seat_of = [table.column(Columns.AGENT)[0].as_py() for table in episodes]
+    assert {0, 1} <= set(seat_of[:20])  # both seats at first: no scores yet
+    probabilities = stats["opponent_seat_probabilities"]
+    assert probabilities["1"] > 0.7 and abs(sum(probabilities.values()) - 1.0) < 1e-9  # O always forfeits
+    assert seat_of[150:].count(1) > 0.6 * len(seat_of[150:])
+
+
+def test_an_unknown_opponent_seat_weighting_is_refused(tiny_model_dir):
+    with pytest.raises(ValueError, match="opponent_seat 'weakest'"):
+        EnvConfig(tokenizer_path=str(tiny_model_dir), opponent_seat="weakest")
 
 
 class FlakyTicTacToe:
