@@ -46,7 +46,7 @@ import trio
 
 from actors.endpoints import Inbox, Outbox
 from actors.evaluation import EvaluationTally
-from actors.matchmaking import WEIGHTINGS, Payoff, draw, pfsp_probabilities
+from actors.matchmaking import WEIGHTINGS, Payoff, draw, pairwise_scores, pfsp_probabilities
 from envs.base import StepResult
 from actors.snapshots import parse_snapshot_id
 from envs.registry import OPPONENTS, make, make_opponent
@@ -295,10 +295,11 @@ class EnvActor:
         return pfsp_probabilities(scores, self.cfg.opponent_seat)
 
     def _score_opponent_game(self, seats: list[str], returns: list[float]) -> None:
-        """A training game of the policy in one seat against the fixed opponent: its score (1 a win, 0.5 a
-        draw, 0 a loss or forfeit, by the sign of its return) in that seat, for ``opponent_seat``."""
-        seat = seats.index(self.cfg.policy_id)
-        self._seat_scores.add(str(seat), self.cfg.opponent, 0.5 + 0.5 * ((returns[seat] > 0) - (returns[seat] < 0)))
+        """A training game of the policy in one seat against the fixed opponent: its score there (as the
+        league scores a match), for ``opponent_seat``."""
+        seat = str(seats.index(self.cfg.policy_id))
+        for opponent, score in pairwise_scores(seats, returns, self.cfg.policy_id):
+            self._seat_scores.add(seat, opponent, score)
 
     async def _train_one(self, slots: trio.Semaphore, match: MatchAssigned) -> None:
         try:
