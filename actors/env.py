@@ -9,8 +9,8 @@ Training episodes seat the policy in every seat (mirror self-play; optionally a 
 fixed opponent) and go to the reward actor when they end. Admission keeps them fresh (AReaL's rule): a
 new training episode starts only while the episodes started but not yet consumed by the learner number
 fewer than (max_staleness + v + 1) * batch_episodes, v being the learner's version, announced on its
-publisher. With n env actors the allowance is split exactly: actor i of n gets
-floor(A (i+1) / n) - floor(A i / n) of it, so the shares add up to A and never exceed it. Every generation
+publisher. With n env actors the allowance A is split exactly: actor i of n gets ceil((A - i) / n) of it
+(``admission_share``), so the shares add up to A. A scale of env actors shares it again (``rebalance``). Every generation
 request carries the learner version this actor knows of as ``min_version``: the rollout actor waits for
 those weights rather than sample with older ones, so with max_staleness = 0 training is exactly on-policy.
 
@@ -87,6 +87,9 @@ class EnvConfig:
     seed: int = 0
     incarnation: int = 0  # how many times this actor was restarted in its run
     started_before: int = 0  # training episodes its predecessors delivered in this run (a restart's admission)
+    # Its admission count beyond its own episodes: by default its share of start_version * batch_episodes (what
+    # the learner consumed before this life); after a rebalance (a scale of env actors), what the launcher says.
+    admission_offset: int | None = None
     ledger_dir: str | None = None  # append each delivered training episode's id here (accounting)
 
     def __post_init__(self):
@@ -116,7 +119,12 @@ class EnvActor:
         # resumed run counts the episodes its learner consumed).
         self._versions = dict(cfg.start_versions or {cfg.policy_id: cfg.start_version})
         self._started = {m: self._share(v * cfg.batch_episodes) for m, v in self._versions.items()}
+        if cfg.admission_offset is not None:
+            self._started[cfg.policy_id] = cfg.admission_offset
+        self._admission_offset = self._started[cfg.policy_id]  # see ``rebalance``
         self._started[cfg.policy_id] += cfg.started_before
+        self._training_in_flight = 0
+        self._drained = False  # set by ``retire`` once every episode it started is delivered or given back
         self._idle_games = [self._make_game()]  # also checks env_name and env_args now
         self._return_sums = [0.0] * self._idle_games[0].num_players
         self._seat_scores = Payoff(cfg.opponent_seat_decay)  # "seat<i>" against cfg.opponent, training games
@@ -128,7 +136,7 @@ class EnvActor:
         self.tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, self.cfg.tokenizer_path)
         self.codec = TokenCodec(self.tokenizer)
         self._training_on = trio.Event()  # set while training episodes may start
-        self._version_changed = trio.Event()
+        self._admission_changed = trio.Event()
         rollouts, rewards = (by_member(peers[key], self.cfg.policy_id) for key in ("rollout", "reward"))
         topics = [VERSION_TOPIC + member.encode() for member in self._versions]
         async with (
@@ -176,7 +184,7 @@ class EnvActor:
         """Start or stop starting new training episodes (episodes in flight finish)."""
         if on:
             self._training_on.set()
-        else:
+        elif self._training_on.is_set():  # a new event only if it was on: ``_train`` may wait on this one
             self._training_on = trio.Event()
 
     def evaluate(self, tag: str, games_per_seat: int, opponent: str = "random", player: str = POLICY) -> None:
@@ -202,6 +210,33 @@ class EnvActor:
                 sender.connect(address)
         self._rollouts = list(addresses)
 
+    def rebalance(self, slot: tuple[int, int], delta: int) -> int:
+        """A scale of env actors: from now on this actor is ``slot`` = (i, n) of the n sharing the admission
+        allowance, and its count of started episodes moves by ``delta`` (the launcher spreads the run's total
+        over the new shares, training paused meanwhile, so the shares still add up to the total exactly).
+        Returns its admission offset, what a restart of it counts beyond the episodes it delivered."""
+        i, n = slot
+        if not 0 <= i < n:
+            raise ValueError(f"admission slot {slot!r}: need 0 <= i < n")
+        self.cfg.admission_slot = (i, n)
+        self._started[self.cfg.policy_id] += delta
+        self._admission_offset += delta
+        self._admission_moved()
+        return self._admission_offset
+
+    def retire(self) -> None:
+        """Leave the run (a scale-down): start no more training episodes, finish those in flight, and once
+        the reward actor has acknowledged every one, say ``drained`` in the statistics."""
+        self.set_training(False)
+        self._nursery.start_soon(self._drain)
+
+    async def _drain(self) -> None:
+        while self._training_in_flight:
+            await trio.sleep(0.02)
+        for outbox in self._episodes.values():
+            await outbox.channel.drain()
+        self._drained = True
+
     def reissue(self) -> int:
         """Send again every generation request still unanswered (a rollout actor died with some of them;
         which ones, only it knew). A request answered twice counts once. Returns how many go out."""
@@ -215,6 +250,10 @@ class EnvActor:
             **self._stats,
             "live_episodes": len(self._waiting),
             "started": sum(self._started.values()),
+            "admission_offset": self._admission_offset,
+            "admission_slot": list(self.cfg.admission_slot),
+            "training_in_flight": self._training_in_flight,
+            "drained": self._drained,
             "learner_version": self.learner_version,
             "admission_limit": sum(map(self._admission_limit, self._started)),
             "versions": dict(self._versions),
@@ -234,30 +273,39 @@ class EnvActor:
 
     def _share(self, allowance: int) -> int:
         """This actor's exact share of ``allowance`` among the env actors."""
-        i, n = self.cfg.admission_slot
-        return allowance * (i + 1) // n - allowance * i // n
+        return admission_share(allowance, *self.cfg.admission_slot)
 
     async def _follow_versions(self, inbox: Inbox) -> None:
         while True:
             announced = await inbox.receive()
             if announced.version > self._versions.get(announced.policy_id, announced.version):
                 self._versions[announced.policy_id] = announced.version
-                self._version_changed.set()
-                self._version_changed = trio.Event()
+                self._admission_moved()
+
+    def _admission_moved(self) -> None:
+        """Wake ``_train`` if it waits for admission: a new learner version, or new shares."""
+        self._admission_changed.set()
+        self._admission_changed = trio.Event()
 
     async def _train(self) -> None:
         slots = trio.Semaphore(self.cfg.concurrency)
         async with trio.open_nursery() as nursery:
             while True:
                 await self._training_on.wait()
+                await slots.acquire()
+                # decided once the slot is free: training may have stopped, or the shares moved, meanwhile
+                if not self._training_on.is_set():
+                    slots.release()
+                    continue
                 admitted = [m for m, started in self._started.items() if started < self._admission_limit(m)]
                 if not admitted:
+                    slots.release()
                     self._stats["admission_waits"] += 1
-                    await self._version_changed.wait()
+                    await self._admission_changed.wait()
                     continue
-                await slots.acquire()
                 match = await self._next_match(admitted)
                 self._started[match.learner] += 1
+                self._training_in_flight += 1
                 nursery.start_soon(self._train_one, slots, match)
 
     async def _next_match(self, admitted: list[str]) -> MatchAssigned:
@@ -323,6 +371,7 @@ class EnvActor:
                 result = MatchResult(match.match_id, learner, seats, returns, errored=played is None)
                 await self._league["results"].send(result.to_body())
         finally:
+            self._training_in_flight -= 1
             slots.release()
 
     async def _record_delivery(self, learner: str, episode_id: str) -> None:
@@ -484,6 +533,13 @@ class EnvActor:
             if not slot:  # answered (or ended) since reissue() was called: nothing to send
                 await self._requests[group].send(body)
                 self._stats["reissued_requests"] += 1
+
+
+def admission_share(allowance: int, i: int, n: int) -> int:
+    """Env actor i of n's share of ``allowance`` A: the episodes k < A with k mod n = i, ceil((A - i) / n). The n
+    shares add up to exactly A, and none shrinks as A grows (so a count spread as shares of a total within the
+    allowance stays within each share)."""
+    return (allowance - i + n - 1) // n
 
 
 def by_member(peers: list[str] | dict[str, list[str]], policy_id: str) -> dict[str, list[str]]:

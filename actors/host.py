@@ -123,5 +123,8 @@ class LocalCluster:
     def set_peers(self, name: str, key: str, addresses: list[str]) -> None:
         pass  # nothing is restarted in one process
 
+    def reconfigure(self, name: str, **changes) -> None:
+        pass  # nor rebalanced
+
     def shutdown(self) -> None:
         self._loop.stop()

@@ -138,6 +138,11 @@ class RayCluster:
         """What a restart of ``name`` connects to under ``key`` from now on (the rollout actors after a scale)."""
         self.specs[name][2][key] = list(addresses)
 
+    def reconfigure(self, name: str, **changes) -> None:
+        """What a restart of ``name`` starts with from now on (an env actor's admission share after a scale)."""
+        actor_cls, cfg, peers, bound = self.specs[name]
+        self.specs[name] = (actor_cls, dataclasses.replace(cfg, **changes), peers, bound)
+
     def is_dead(self, error: Exception) -> bool:
         return isinstance(error, self.ray.exceptions.RayActorError)
 
@@ -169,6 +174,9 @@ class Topology:
     life: str = ""  # this start of the run (a resumed run is a new life): replay's spill and the data cursor
     weights: str = ""  # the learner's publisher: versions and weight manifests
     requests: dict[str, str] = field(default_factory=dict)  # rollout actor -> where it takes requests
+    episodes: str = ""  # where the reward actor takes finished episodes
+    start_version: int = 0  # the learner's version when the run (this life) started
+    ledger: str | None = None  # the env actors' ledgers of delivered episodes (``run.ledger``)
 
     def names(self) -> list[str]:
         return [self.learner, self.replay, self.reward, *self.rollouts, *self.envs]
@@ -196,25 +204,32 @@ def build_topology(cluster, cfg: dict, model_path: str | Path, run_dir: Path) ->
     spill = str(run_dir / "replay" / top.life) if cfg["replay"].get("spill") else None
     replay = cluster.spawn(top.replay, ReplayActor, ReplayConfig(spill_dir=spill, **cfg["replay"]["args"]),
                            peers={"learner": [learner["batches"]]})
-    ledger = run_dir / "ledger" / top.life if cfg["run"].get("ledger") else None
-    if ledger:
-        ledger.mkdir(parents=True, exist_ok=True)
+    if cfg["run"].get("ledger"):
+        top.ledger = str(run_dir / "ledger" / top.life)
+        Path(top.ledger).mkdir(parents=True, exist_ok=True)
     reward = cluster.spawn(top.reward, RewardActor, RewardConfig(**cfg["reward"]["args"]),
                            peers={"replay": [replay["episodes"]]})
-    top.weights = learner["weights"]
+    top.weights, top.episodes, top.start_version = learner["weights"], reward["episodes"], learner["version"]
     spawn_rollouts(cluster, cfg, model_path, top, range(cfg["rollout"]["count"]))
-    rollout_addresses = list(top.requests.values())
     envs = cfg["env"]["count"]
-    for i in range(envs):
-        top.envs.append(f"env-{i}")
-        cluster.spawn(top.envs[-1], EnvActor, EnvConfig(
-            tokenizer_path=model_path, temperature=sampling["temperature"],
-            max_new_tokens=sampling["max_new_tokens"], max_staleness=cfg["learner"]["max_staleness"],
-            batch_episodes=cfg["replay"]["args"]["batch_episodes"], admission_slot=(i, envs),
-            start_version=learner["version"],
-            seed=cfg["run"]["seed"] * 1000 + i, ledger_dir=str(ledger) if ledger else None, **cfg["env"]["args"]),
-            peers={"rollout": rollout_addresses, "reward": [reward["episodes"]], "versions": [learner["weights"]]})
+    top.envs.extend(spawn_envs(cluster, cfg, model_path, top, [(f"env-{i}", i, (i, envs)) for i in range(envs)]))
     return top
+
+
+def spawn_envs(cluster, cfg: dict, model_path: str, top: Topology, actors: list[tuple[str, int, tuple]]) -> None:
+    """Start env actors ``(name, seed index, admission slot)`` side by side, sending to the rollout actors of
+    ``top`` (at the start, or joining a run: they start training only when told, once the launcher gave them
+    their share of the admission allowance). Returns their names."""
+    sampling = cfg["sampling"]
+    cluster.spawn_many([(name, EnvActor, EnvConfig(
+        tokenizer_path=str(model_path), temperature=sampling["temperature"],
+        max_new_tokens=sampling["max_new_tokens"], max_staleness=cfg["learner"]["max_staleness"],
+        batch_episodes=cfg["replay"]["args"]["batch_episodes"], admission_slot=slot,
+        start_version=top.start_version, seed=cfg["run"]["seed"] * 1000 + i, ledger_dir=top.ledger,
+        **cfg["env"]["args"]),
+        {"rollout": [top.requests[r] for r in top.rollouts], "reward": [top.episodes], "versions": [top.weights]})
+        for name, i, slot in actors])
+    return [name for name, _, _ in actors]
 
 
 def spawn_rollouts(cluster, cfg: dict, model_path: str, top: Topology, indices) -> None:

@@ -158,6 +158,7 @@ class MetricsLog:
                "rollout_idle": sum(s.get("idle_fraction", 0.0) for s in rollouts) / max(len(live_rollouts), 1),
                "queue_requests": sum(s.get("queued_requests", 0) for s in rollouts),
                "rollout_actors": len(live_rollouts),
+               "env_actors": sum(not s.get("retired") for s in envs),
                "queue_replay": replay.get("buffered", 0),
                "live_episodes": sum(s.get("live_episodes", 0) for s in envs),
                "rejected_episodes": learner.get("rejected_episodes", 0),

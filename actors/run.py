@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
@@ -13,11 +14,13 @@ from pathlib import Path
 from actors.autoscale import AutoscaleConfig, autoscale_target
 from actors.base_model import ensure_base_model, tiny_model_config
 from actors.control import ControlServer
+from actors.env import admission_share
 from actors.monitor import Evaluation, MetricsLog, plot_learning_curve
 from actors.recovery import GroupRecovery, call_unless_dead, statistics_or_recover
 
 log = logging.getLogger(__name__)
-SCALABLE = ("rollout",)
+SCALABLE = ("rollout", "env")
+DRAIN_TIMEOUT_S = 300.0  # how long leaving env actors may take to finish their episodes in flight
 
 
 class Run:
@@ -42,16 +45,19 @@ class Run:
         self.scale_events: list[dict] = []
         self._rollouts_made = 0  # rollout actors ever started: a joining one gets a name never used
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidal-scale")
-        self._joining: Future | None = None  # rollout actors starting for the scale to ``_target``
-        self._target = 0
+        self._joining: Future | None = None  # actors starting for the scale to ``_target``
+        self._target: tuple[str, int] = ("", 0)  # (kind, count) of the scale under way
+        self._deferred: tuple[str, int] | None = None  # an env scale-down waiting for an evaluation to end
+        self._envs_made = 0  # env actors ever started, as for rollout actors
         self.autoscale = AutoscaleConfig(**cfg["rollout"].get("autoscale", {}))
         if self.autoscale.enabled and run["mode"] != "ray":
             raise ValueError("rollout.autoscale.enabled needs run.mode=ray (in one process no actor can leave)")
         self._autoscale_history: list[tuple[int, float]] = []
+        self._stop = threading.Event()  # ``stop``: end training at the next round, as the budget would
 
     def scale(self, kind: str, count: int) -> int:
-        """Ask for ``count`` actors of ``kind`` (rollout); applied by the run's loop at its next round. Returns
-        how many it runs now. Any thread may call it (the control endpoint's does)."""
+        """Ask for ``count`` actors of ``kind`` (rollout or env); applied by the run's loop at its next round.
+        Returns how many it runs now. Any thread may call it (the control endpoint's does)."""
         if kind not in SCALABLE:
             raise ValueError(f"cannot scale {kind!r} actors: only {', '.join(SCALABLE)} can be scaled so far")
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
@@ -59,7 +65,15 @@ class Run:
         if self.cfg["run"]["mode"] != "ray":
             raise ValueError("scaling needs run.mode=ray (in one process no actor can leave)")
         self.scale_requests.put((kind, count))
-        return len(self.top.rollouts) if hasattr(self, "top") else 0
+        return len(self._scaled(kind)) if hasattr(self, "top") else 0
+
+    def stop(self) -> None:
+        """End training at the run's next round, then evaluate and summarize as at the end of its budget. Any
+        thread may call it."""
+        self._stop.set()
+
+    def _scaled(self, kind: str) -> list[str]:
+        return self.top.rollouts if kind == "rollout" else self.top.envs
 
     def model_path(self) -> Path:
         model = self.cfg["model"]
@@ -132,8 +146,8 @@ class Run:
 
     def _set_training(self, on: bool) -> None:
         self.training = on
-        for env in self.top.envs:
-            self.cluster.call(env, "set_training", on)
+        for env in self.top.envs:  # one found dead is told by its restart
+            self._call_unless_dead(env, "set_training", on)
 
     def _evaluation(self, tag: str, games: int) -> Evaluation:
         self.open_evaluations.append(Evaluation(self.cluster, self.top.envs, tag, games, self.cfg["eval"]["opponent"]))
@@ -147,22 +161,36 @@ class Run:
 
     def _apply_scaling(self) -> None:
         """Carry out the scale requests, one at a time. Joining actors start in a thread (loading a model takes
-        seconds): the run's loop goes on meanwhile, and connects them once they are up."""
+        seconds): the run's loop goes on meanwhile, and connects them once they are up. Env actors leave only
+        between evaluations (each plays its share of one)."""
         if self._joining is not None:
             if not self._joining.done():
                 return
-            self._joining.result()  # raises what a failed start raised
+            joined = self._joining.result()  # raises what a failed start raised
             self._joining = None
-            self._set_rollouts(self._target)
-        while self._joining is None and not self.scale_requests.empty():
-            kind, count = self.scale_requests.get()
-            before, self._target = len(self.top.rollouts), count
+            self._set_count(*self._target, joined)
+        while self._joining is None and (self._deferred or not self.scale_requests.empty()):
+            kind, count = self._deferred or self.scale_requests.get()
+            before = len(self._scaled(kind))
+            if kind == "env" and count < before and self.open_evaluations:
+                self._deferred = (kind, count)
+                return
+            self._deferred, self._target = None, (kind, count)
             self.scale_events.append({"time": time.time(), "kind": kind, "from": before, "to": count})
             log.warning("scaling %s actors from %d to %d", kind, before, count)
             if count > before:
-                self._joining = self._spawner.submit(self._start_rollouts, count - before)
+                start = self._start_rollouts if kind == "rollout" else self._start_envs
+                self._joining = self._spawner.submit(start, count - before)
             else:
-                self._set_rollouts(count)
+                self._set_count(kind, count, [])
+
+    def _set_count(self, kind: str, count: int, joined: list[str]) -> None:
+        if kind == "rollout":
+            self._set_rollouts(count)
+        else:
+            self._set_envs(count, joined)
+        log.warning("%d %s actors serve the run", count, kind)
+        self.scale_events[-1]["applied"] = time.time()  # from now on ``count`` actors serve
 
     def _autoscale(self, row: dict) -> None:
         """With ``rollout.autoscale.enabled``: one step towards the rollout actors the queue asks for."""
@@ -177,12 +205,68 @@ class Run:
             self.scale("rollout", target)
             self._autoscale_history = []
 
-    def _start_rollouts(self, joining: int) -> None:
+    def _start_rollouts(self, joining: int) -> list[str]:
         from actors.launcher import spawn_rollouts
 
         made = max(self._rollouts_made, len(self.top.rollouts))
         self._rollouts_made = made + joining
         spawn_rollouts(self.cluster, self.cfg, self._model_path, self.top, range(made, self._rollouts_made))
+        return []
+
+    def _start_envs(self, joining: int) -> list[str]:
+        """Env actors with names never used, not training yet: ``_set_envs`` gives them their shares."""
+        from actors.launcher import spawn_envs
+
+        made = max(self._envs_made, len(self.top.envs))
+        self._envs_made = made + joining
+        return spawn_envs(self.cluster, self.cfg, self._model_path, self.top,
+                          [(f"env-{i}", i, (0, 1)) for i in range(made, self._envs_made)])
+
+    def _set_envs(self, count: int, joined: list[str]) -> None:
+        """Env actors: the ``joined`` ones come in, or the last ones go once they have delivered every episode
+        they started (``retire``). Then the admission allowance is shared again among the ``count`` that stay
+        (README, "Scaling env actors"): with training paused, the episodes counted as started by all of them,
+        the leaving ones included, are spread over the new shares, each actor's count moving by the
+        difference, so the counts still add up to the run's total and the staleness bound holds exactly."""
+        top = self.top
+        top.envs.extend(joined)  # in place: GroupRecovery holds this list
+        keep, leaving = top.envs[:count], top.envs[count:]
+        counts = self._drain_envs(leaving)
+        training, self.training = self.training, False  # an actor restarted meanwhile waits too
+        for name in keep:
+            self._call_unless_dead(name, "set_training", False)
+        stats = statistics_or_recover(self.cluster, keep, self._recover)
+        total = sum(counts.values()) + sum(s["started"] for s in stats.values())
+        for i, name in enumerate(keep):
+            delta = admission_share(total, i, count) - stats[name]["started"]
+            # a restart of it from now on counts what ``rebalance`` makes its count (offset + delivered)
+            self.cluster.reconfigure(name, admission_slot=(i, count),
+                                     admission_offset=stats[name]["admission_offset"] + delta)
+            self._call_unless_dead(name, "rebalance", (i, count), delta)
+        for name in leaving:
+            self.cluster.stop(name)
+            self.metrics.retired(name)
+        top.envs[:] = keep
+        self._set_training(training)
+
+    def _drain_envs(self, leaving: list[str]) -> dict[str, int]:
+        """Retire the ``leaving`` env actors and wait until each has delivered (or given back) every episode it
+        started; their counts of started episodes, by name. One that dies meanwhile is restarted and retired."""
+        told: dict[str, int] = {}  # name -> its restarts when it was told to retire
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while leaving:
+            for name in leaving:
+                if told.get(name) != self.restarts.get(name, 0):
+                    self._call_unless_dead(name, "retire")
+                    told[name] = self.restarts.get(name, 0)
+            stats = statistics_or_recover(self.cluster, leaving, self._recover)
+            if all(s["drained"] for s in stats.values()):
+                return {name: s["started"] for name, s in stats.items()}
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the leaving env actors {leaving} did not finish their episodes in flight "
+                                   f"within {DRAIN_TIMEOUT_S:.0f} s")
+            time.sleep(0.05)
+        return {}
 
     def _set_rollouts(self, count: int) -> None:
         """Env actors send to the first ``count`` rollout actors (joining ones take the latest weights, which
@@ -201,9 +285,6 @@ class Run:
         if leaving:
             reissued = sum(self._call_unless_dead(env, "reissue") or 0 for env in top.envs)
             log.warning("%d unanswered generation requests of the leaving rollout actors sent again", reissued)
-        log.warning("%d rollout actors serve the env actors", count)
-        if self.scale_events:
-            self.scale_events[-1]["applied"] = time.time()  # from now on ``count`` actors serve
 
     def _evaluate_now(self, tag: str, games: int) -> dict:
         evaluation = self._evaluation(tag, games)
@@ -227,7 +308,7 @@ class Run:
         budget = run["minutes"] * 60
         bar = tqdm(total=round(budget), unit="s", disable=not run["progress"], dynamic_ncols=True)
         pending, next_eval, rounds = None, self.started + ev["every_s"], 0
-        while (elapsed := time.time() - self.started) < budget:
+        while (elapsed := time.time() - self.started) < budget and not self._stop.is_set():
             time.sleep(min(run["log_every_s"], max(budget - elapsed, 0.05)))
             self._apply_scaling()
             stats = self._stats()

@@ -1,11 +1,12 @@
-"""Chaos: SIGKILL one actor of every kind at random times during a real run, and scale rollout actors 1 -> 4 -> 2.
+"""Chaos: SIGKILL one actor of every kind at random times during a real run; scale rollouts 1 -> 4 -> 2, envs 2 -> 3 -> 2.
 
     python benchmarks/chaos.py [--quick] [--seed 0] [--minutes 6] [--out runs/chaos] [overrides...]
 
 The default job (self-play TicTacToe) on an embedded Ray cluster, with the env actors' ledgers on: each writes
 the id of every training episode the reward actor acknowledged. One actor of each kind (reward, replay, learner,
 an env actor, a rollout actor) is killed with SIGKILL, in a random order at random times (each after the
-previous one is back), and the run asks for 4 rollout actors, later 2. At the end every episode is accounted
+previous one is back), and the run asks for 4 rollout actors, later 2, and for 3 env actors, later 2 (a leaving
+env actor first delivers the episodes it started). At the end every episode is accounted
 for by id: produced (in a ledger), consumed (in a batch the learner's final checkpoint had consumed), still
 held by replay, lost (produced and nowhere) and duplicated (trained more than once). The time to recover from
 a kill is from the kill to the first metrics row, once the actor is back and the learner past its version at
@@ -37,7 +38,7 @@ from actors.run import Run
 from actors.spill import account_episodes
 
 KINDS = ["reward", "replay", "learner", "env", "rollout"]
-SCALES = [(0.2, 4), (0.55, 2)]  # (share of the budget, rollout actors)
+SCALES = [(0.2, "rollout", 4), (0.35, "env", 3), (0.55, "rollout", 2), (0.7, "env", 2)]  # (share of the budget, ...)
 QUICK = ["replay.args.batch_episodes=16", "replay.args.capacity_episodes=32", "env.args.concurrency=16",
          "eval.endpoint_games_per_seat=4", "sampling.max_new_tokens=4", "learner.checkpoint_every=5"]
 
@@ -48,7 +49,7 @@ def schedule(rng: random.Random, budget_s: float) -> list[tuple[float, str, obje
     kinds = rng.sample(KINDS, len(KINDS))
     times = sorted(rng.uniform(0.1, 0.85) * budget_s for _ in kinds)
     events = [(t, "kill", kind) for t, kind in zip(times, kinds)]
-    events += [(share * budget_s, "scale", count) for share, count in SCALES]
+    events += [(share * budget_s, "scale", (kind, count)) for share, kind, count in SCALES]
     return sorted(events, key=lambda e: e[0])
 
 
@@ -77,10 +78,11 @@ def drive(run: Run, events, rng: random.Random, runner: threading.Thread) -> lis
             break
         # one thing at a time: the last restart and the last scale are done
         wait_for(lambda: run.metrics.restarts == len(kills), "the last restart")
-        wait_for(lambda: len(run.scale_events) == sum(1 for e in events[:events.index((at, what, arg))]
-                                                      if e[1] == "scale"), "the last scale")
+        asked = sum(1 for e in events[:events.index((at, what, arg))] if e[1] == "scale")
+        wait_for(lambda: len(run.scale_events) == asked and all("applied" in e for e in run.scale_events),
+                 "the last scale")
         if what == "scale":
-            run.scale("rollout", arg)
+            run.scale(*arg)
             continue
         name = victim(run, arg, rng)
         pid = ray.get(ray.get_actor(name).pid.remote())
@@ -138,7 +140,7 @@ def main() -> int:
         shown = "not within the run" if seconds is None else f"{seconds:.1f} s"
         print(f"{kill['actor']}: back to 75% of its episodes/s in {shown}")
     print(f"episodes: {json.dumps(accounts)}")
-    print(f"restarts: {summary['restarts']}  scale events: {[(e['from'], e['to']) for e in summary['scale_events']]}")
+    print(f"restarts: {summary['restarts']}  scale events: {[(e['kind'], e['from'], e['to']) for e in summary['scale_events']]}")
     print(f"policy version {summary['final_version']}, final non-loss {summary['final_nonloss']}")
     (Path(run.dir) / "chaos.json").write_text(json.dumps({"kills": kills, "recover_s": recoveries,
                                                           "accounts": accounts, "summary": summary}, indent=2))

@@ -7,7 +7,7 @@ import trio.testing
 from transformers import AutoTokenizer
 
 from actors.endpoints import Inbox
-from actors.env import EnvActor, EnvConfig
+from actors.env import EnvActor, EnvConfig, admission_share
 from actors.scripted_rollout import serve_scripted
 from streams.channels import MemoryTransport
 from streams.messages import Completion
@@ -236,6 +236,62 @@ def test_a_training_episode_that_falls_behind_the_bound_is_abandoned_and_gives_i
     assert stats["episodes"] == 0 and stats["train_episodes"] == 0  # none finished, none was sent
     assert stats["started"] <= 4  # abandoned games gave their admission back: only the live ones count
     assert seen["episode"].num_rows >= 2
+
+
+def test_a_rebalanced_share_admits_at_once_and_a_retired_actor_drains(tiny_model_dir):
+    """eta = 0 and batches of 4: at version 0 the actor may start 4 episodes, then waits. A rebalance that moves
+    its count by -2 (a share of a scale) wakes it, and it starts exactly 2 more, with no new version. Retired,
+    it starts nothing more and says ``drained`` once every episode it started is delivered."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    seen = {}
+
+    async def main():
+        transport = MemoryTransport()
+        async with transport.open_receiver() as requests, transport.open_receiver() as rewards, \
+                trio.open_nursery() as nursery:
+            nursery.start_soon(scripted_rollout, transport, requests, tokenizer, "[5]", 0, None)
+            env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir), concurrency=8, max_staleness=0,
+                                     batch_episodes=4, admission_slot=(1, 2)))  # half of 4: 2
+            await nursery.start(env.run, transport, {"rollout": [requests.address], "reward": [rewards.address]})
+            inbox = Inbox(rewards, Kind.EPISODES, decode_table)
+            await trio.testing.wait_all_tasks_blocked()  # its trainer waits for training to be on
+            env.set_training(False)  # already off (a paused joiner is told again): must not strand the trainer
+            env.set_training(True)
+            episodes = [await inbox.receive() for _ in range(2)]
+            while env.statistics()["admission_waits"] == 0:
+                await trio.sleep(0.01)
+            seen["before"] = env.statistics()
+            seen["offset"] = env.rebalance((0, 1), -2)  # all of 4 now, with its 2 counted as 0: 4 more
+            episodes += [await inbox.receive() for _ in range(4)]
+            env.retire()
+            while not env.statistics()["drained"]:
+                await trio.sleep(0.01)
+            seen["after"] = env.statistics()
+            with trio.move_on_after(0.3):  # nothing more comes
+                episodes.append(await inbox.receive())
+            seen["episodes"] = len(episodes)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    before, after = seen["before"], seen["after"]
+    assert before["started"] == 2 and before["admission_limit"] == 2 and before["admission_offset"] == 0
+    assert seen["offset"] == -2 and seen["episodes"] == 6
+    assert after["started"] == 4 and after["admission_limit"] == 4 and after["admission_slot"] == [0, 1]
+    assert after["train_episodes"] == 6 and after["training_in_flight"] == 0
+
+
+def test_a_rebalance_to_a_slot_out_of_range_is_refused(tiny_model_dir):
+    env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir)))
+    with pytest.raises(ValueError, match="admission slot"):
+        env.rebalance((2, 2), 0)
+
+
+def test_admission_shares_add_up_to_the_allowance_and_grow_with_it():
+    for n in range(1, 6):
+        for allowance in range(0, 40):
+            shares = [admission_share(allowance, i, n) for i in range(n)]
+            assert sum(shares) == allowance and max(shares) - min(shares) <= 1
+            assert all(admission_share(allowance + 1, i, n) >= s for i, s in enumerate(shares))
 
 
 def evaluate_without_model(tiny_model_dir, games_per_seat, concurrency=16, env_name="tictactoe", **kwargs) -> dict:

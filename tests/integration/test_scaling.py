@@ -1,13 +1,20 @@
-"""Scaling on a latency-bound task, on the real path (Ray actors, ZeroMQ streams): with autoscaling on, a run
-whose rollout actors are bound by generation latency (``rollout.args.latency_s``), not by CPU, adds a rollout
-actor as requests queue up, and its episodes/s rises with it. (`benchmarks/scaling.py` measures 1 -> 2 -> 4.)"""
+"""Scaling on the real path (Ray actors, ZeroMQ streams). With autoscaling on, a run whose rollout actors are
+bound by generation latency (``rollout.args.latency_s``), not by CPU, adds a rollout actor as requests queue
+up, and its episodes/s rises with it (`benchmarks/scaling.py` measures 1 -> 2 -> 4). Env actors scaled
+2 -> 3 -> 1 by command share the admission allowance again each time: at eta = 0 every batch stays on-policy,
+training goes on, and every episode is accounted for by id."""
 
 import json
+import threading
 
 import pytest
 
+from actors.control import send_scale
+from actors.learner import checkpoint_cursor
 from actors.monitor import episodes_per_s
 from actors.run import Run
+from actors.spill import account_episodes
+from tests.integration.test_local_topology import wait_for
 from tests.integration.topology import small_config
 
 pytestmark = pytest.mark.ray
@@ -35,3 +42,44 @@ def test_autoscaling_adds_a_rollout_actor_and_raises_episodes_per_s_on_a_latency
     one = episodes_per_s(rows, run.started + SETTLE_S, events[0]["time"])
     two = episodes_per_s(rows, events[0]["applied"] + SETTLE_S, training[-1]["time"])  # to the end of training
     assert one and two and two > 1.3 * one, (one, two)
+
+
+def test_env_actors_scaled_2_to_3_to_1_keep_eta_0_on_policy_and_lose_nothing(ray_session, tiny_model_dir, tmp_path):
+    cfg = small_config(tmp_path, **{"model.path": tiny_model_dir, "run.minutes": 5, "run.log_every_s": 0.5,
+                                    "learner.max_staleness": 0, "env.count": 2, "learner.checkpoint_every": 1,
+                                    "run.ledger": True})
+    outcome, run = {}, Run(cfg)
+    runner = threading.Thread(target=lambda: outcome.setdefault("summary", run.execute()))
+    runner.start()
+    metrics = tmp_path / "test" / "metrics.jsonl"
+
+    def version() -> int:
+        assert runner.is_alive(), "the run ended early"
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        return json.loads(lines[-1])["version"] if lines else 0
+
+    try:
+        wait_for(lambda: version() >= 2, "training", timeout=240)
+        for step, count in enumerate([3, 1]):
+            answer = send_scale(run.dir, "env", count)  # as `tidal scale env=N` does
+            assert answer.ok, answer.message
+            wait_for(lambda: len(run.scale_events) > step and "applied" in run.scale_events[step], "the scale",
+                     timeout=240)
+            applied_at = version()
+            wait_for(lambda: version() >= applied_at + 3, "training to go on after the scale", timeout=240)
+    finally:
+        run.stop()
+        runner.join(timeout=400)
+    summary = outcome["summary"]
+    assert [(e["kind"], e["from"], e["to"]) for e in summary["scale_events"]] == [("env", 2, 3), ("env", 3, 1)]
+    assert run.top.envs == ["env-0"] and summary["final_nonloss"] is not None
+    assert set(summary["staleness_hist"]) == {"0"}, summary["staleness_hist"]  # eta = 0: on-policy throughout
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    counts = [r["env_actors"] for r in rows]
+    assert [n for i, n in enumerate(counts) if i == 0 or counts[i - 1] != n] == [2, 3, 1], counts
+    ledgers = tmp_path / "test" / "ledger" / summary["life"]
+    assert (ledgers / "env-2.txt").read_text().split()  # the joining actor played and delivered
+    accounts = account_episodes(tmp_path / "test", summary["life"],
+                                checkpoint_cursor(tmp_path / "test" / "policy", summary["life"]))
+    assert accounts["lost"] == 0 and accounts["duplicated"] == 0, accounts
+    assert accounts["consumed"] >= 8 * 8 and accounts["unledgered"] <= 8, accounts  # at most env-0's slots at the end

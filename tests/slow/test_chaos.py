@@ -1,4 +1,5 @@
-"""benchmarks/chaos.py --quick: a kill of every kind and rollouts 1 -> 4 -> 2 in about two minutes of training."""
+"""benchmarks/chaos.py --quick: a kill of every kind, rollouts 1 -> 4 -> 2 and envs 2 -> 3 -> 2 in about two minutes
+of training."""
 
 import re
 import subprocess
@@ -20,4 +21,4 @@ def test_chaos_quick_loses_nothing_and_counts_nothing_twice(tmp_path):
     match = re.fullmatch(r"kills=(\d+) lost=(\d+) duplicated=(\d+) recover_s=([\d.]+|inf|nan) scale_events=(\d+)", last)
     assert match, last
     kills, lost, duplicated, _, scale_events = match.groups()
-    assert (int(kills), int(lost), int(duplicated), int(scale_events)) == (5, 0, 0, 2), last
+    assert (int(kills), int(lost), int(duplicated), int(scale_events)) == (5, 0, 0, 4), last
