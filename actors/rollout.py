@@ -58,6 +58,9 @@ class RolloutConfig:
     # hf: seconds every batch takes on top of sampling, as on a remote or much larger engine: a latency-bound
     # task, on which more rollout actors mean more throughput (the scaling benchmark, autoscaling tests)
     latency_s: float = 0.0
+    # false: take every version in checked chunks over ZeroMQ even from a learner on this host (as from one on
+    # another machine), not from its shared-memory file
+    weights_shared_memory: bool = True
 
     def __post_init__(self):
         if not self.latency_s >= 0:
@@ -105,7 +108,7 @@ class RolloutActor:
             ):
                 self._inbox = Inbox(requests, Kind.GENERATE, GenerationRequest.from_body)
                 manifests = Inbox(weights, Kind.WEIGHTS, WeightsManifest.from_body, topic=True)
-                self._follower = WeightsFollower(transport)
+                self._follower = WeightsFollower(transport, shared_memory=self.cfg.weights_shared_memory)
                 self._streams = {"requests": self._inbox, "weights": manifests}
                 nursery.start_soon(self._queue_requests, queue_in)
                 nursery.start_soon(self._follow_weights, manifests)

@@ -178,9 +178,9 @@ class FetchedWeights:
 class WeightsFollower:
     """A rollout actor's side: turns manifests into checked bytes, from shared memory or in chunks."""
 
-    def __init__(self, transport, fetch_timeout_s: float = 120.0):
+    def __init__(self, transport, fetch_timeout_s: float = 120.0, shared_memory: bool = True):
         self.transport, self.fetch_timeout_s = transport, fetch_timeout_s
-        self.host = host_id()
+        self.host = host_id() if shared_memory else None  # None: never the publisher's host, always chunks
         self.stats = {"versions_received": 0, "from_shared_memory": 0, "from_chunks": 0, "corrupt": 0,
                       "fetch_failed": 0, "bytes_received": 0}
 

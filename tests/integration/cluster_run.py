@@ -47,7 +47,8 @@ def main(model_dir: str, work_dir: str) -> None:
         placement = {f"+ray.resources.{kind}": f"{{{resource}: 1}}" for kind, resource in PLACEMENT.items()}
         cfg = small_config(work, **{"model.path": model_dir, "run.max_versions": 3, "run.minutes": 3,
                                     "run.log_every_s": 0.5, "ray.host": "node", "ray.curve_dir": str(keys),
-                                    **placement})
+                                    # the weights cross nodes as they would cross machines: in chunks over ZeroMQ
+                                    "rollout.args.weights_shared_memory": False, **placement})
         run, last = Run(cfg), {}
         snapshot = run.metrics.snapshot
 

@@ -1,5 +1,6 @@
 """Across machines: a run's actors on three Ray nodes (one machine, three loopback addresses), each binding its
-streams on its own node's address (``ray.host=node``), with CURVE keys; episodes flow end to end.
+streams on its own node's address (``ray.host=node``), with CURVE keys; episodes flow end to end, and the
+rollout actor takes the learner's weights in chunks over ZeroMQ, not from its shared-memory file.
 
 The run happens in a process of its own (``cluster_run.py``), with a Ray temp dir of its own, so that its
 ``Cluster`` cannot capture the session's Ray instance (the ``ray_session`` fixture) or anyone else's."""
@@ -39,4 +40,6 @@ def test_actors_on_three_nodes_connect_across_their_addresses_and_learn(tiny_mod
     assert summary["final_version"] >= 3 and summary["episodes"] > 0 and summary["final_nonloss"] is not None
     # learner (127.0.0.3) -> rollout (127.0.0.4): the rollout actor generates with the learner's new weights
     assert rollout["version"] >= 2 and rollout["weights_applied"] >= 1 and rollout["requests"] > 0
+    # ... fetched in checked chunks over ZeroMQ across the nodes' addresses, as between machines
+    assert rollout["weights"]["from_chunks"] >= 2 and rollout["weights"]["from_shared_memory"] == 0
     assert result["stats"]["learner"]["episodes"] > 0 and summary["restarts"] == {}
