@@ -307,7 +307,9 @@ class Run:
         run, ev = self.cfg["run"], self.cfg["eval"]
         budget = run["minutes"] * 60
         bar = tqdm(total=round(budget), unit="s", disable=not run["progress"], dynamic_ncols=True)
-        pending, next_eval, rounds = None, self.started + ev["every_s"], 0
+        # a resumed run numbers its evaluations on from its first life's
+        rounds = sum(e["tag"].startswith("during-") for e in self.evaluations)
+        pending, next_eval = None, time.time() + ev["every_s"]  # (a resumed run just evaluated, as "resume")
         while (elapsed := time.time() - self.started) < budget and not self._stop.is_set():
             time.sleep(min(run["log_every_s"], max(budget - elapsed, 0.05)))
             self._apply_scaling()

@@ -1,6 +1,8 @@
 """The env actor against a scripted policy (a fake rollout actor on the same loop), over in-memory streams."""
 
+import contextlib
 import re
+
 import pytest
 import trio
 import trio.testing
@@ -27,6 +29,21 @@ async def scripted_rollout(transport, receiver, tokenizer, answer, version: int 
         return Completion(request.request_id, tokens, [-0.5] * len(tokens), [version] * len(tokens), True)
 
     await serve_scripted(transport, receiver, reply)
+
+
+@contextlib.asynccontextmanager
+async def scripted_env(tiny_model_dir, answer, version: int, **env_args):
+    """An env actor (``env_args``) whose policy is scripted to answer ``answer`` as ``version``, and the inbox of
+    the episodes it delivers; cancelled on exit."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    transport = MemoryTransport()
+    async with transport.open_receiver() as requests, transport.open_receiver() as rewards, \
+            trio.open_nursery() as nursery:
+        nursery.start_soon(scripted_rollout, transport, requests, tokenizer, answer, version, None)
+        env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir), **env_args))
+        await nursery.start(env.run, transport, {"rollout": [requests.address], "reward": [rewards.address]})
+        yield env, Inbox(rewards, Kind.EPISODES, decode_table)
+        nursery.cancel_scope.cancel()
 
 
 def run_episodes(tiny_model_dir, answer, episodes: int, clock=None, record_requests=None, concurrency=4,
@@ -212,24 +229,17 @@ def test_invalid_actions_are_retried_then_forfeited_and_counted(tiny_model_dir):
 def test_a_training_episode_that_falls_behind_the_bound_is_abandoned_and_gives_its_admission_back(tiny_model_dir):
     """The scripted policy answers as version 5; with the learner at 8 and eta = 2, every game's second policy
     turn finds it already too old: abandoned, counted, never sent. Back at learner version 7 they play out."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     seen = {}
 
     async def main():
-        transport = MemoryTransport()
-        async with transport.open_receiver() as requests, transport.open_receiver() as rewards, \
-                trio.open_nursery() as nursery:
-            nursery.start_soon(scripted_rollout, transport, requests, tokenizer, "[5]", 5, None)
-            env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir), concurrency=4, max_staleness=2))
-            await nursery.start(env.run, transport, {"rollout": [requests.address], "reward": [rewards.address]})
+        async with scripted_env(tiny_model_dir, "[5]", 5, concurrency=4, max_staleness=2) as (env, inbox):
             env.learner_version = 8
             env.set_training(True)
             while env.statistics()["abandoned_stale"] < 10:
                 await trio.sleep(0.01)
             seen["stats"] = env.statistics()
             env.learner_version = 7
-            seen["episode"] = await Inbox(rewards, Kind.EPISODES, decode_table).receive()
-            nursery.cancel_scope.cancel()
+            seen["episode"] = await inbox.receive()
 
     trio.run(main)
     stats = seen["stats"]
@@ -242,18 +252,11 @@ def test_a_rebalanced_share_admits_at_once_and_a_retired_actor_drains(tiny_model
     """eta = 0 and batches of 4: at version 0 the actor may start 4 episodes, then waits. A rebalance that moves
     its count by -2 (a share of a scale) wakes it, and it starts exactly 2 more, with no new version. Retired,
     it starts nothing more and says ``drained`` once every episode it started is delivered."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     seen = {}
 
     async def main():
-        transport = MemoryTransport()
-        async with transport.open_receiver() as requests, transport.open_receiver() as rewards, \
-                trio.open_nursery() as nursery:
-            nursery.start_soon(scripted_rollout, transport, requests, tokenizer, "[5]", 0, None)
-            env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir), concurrency=8, max_staleness=0,
-                                     batch_episodes=4, admission_slot=(1, 2)))  # half of 4: 2
-            await nursery.start(env.run, transport, {"rollout": [requests.address], "reward": [rewards.address]})
-            inbox = Inbox(rewards, Kind.EPISODES, decode_table)
+        async with scripted_env(tiny_model_dir, "[5]", 0, concurrency=8, max_staleness=0, batch_episodes=4,
+                                admission_slot=(1, 2)) as (env, inbox):  # half of 4: 2
             await trio.testing.wait_all_tasks_blocked()  # its trainer waits for training to be on
             env.set_training(False)  # already off (a paused joiner is told again): must not strand the trainer
             env.set_training(True)
@@ -270,7 +273,6 @@ def test_a_rebalanced_share_admits_at_once_and_a_retired_actor_drains(tiny_model
             with trio.move_on_after(0.3):  # nothing more comes
                 episodes.append(await inbox.receive())
             seen["episodes"] = len(episodes)
-            nursery.cancel_scope.cancel()
 
     trio.run(main)
     before, after = seen["before"], seen["after"]

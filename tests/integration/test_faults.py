@@ -3,19 +3,16 @@ rollout actors are scaled 2 -> 3 -> 1 meanwhile (through the run's control endpo
 training episode is accounted for by id: none lost, none trained twice. (`benchmarks/chaos.py --quick`, the
 bigger one, is in the slow suite.)"""
 
-import json
 import os
 import signal
-import threading
 
 import pytest
 
 from actors.control import send_scale
 from actors.learner import checkpoint_cursor
-from actors.run import Run
 from actors.spill import account_episodes
 from tests.integration.test_local_topology import wait_for
-from tests.integration.topology import small_config
+from tests.integration.topology import BackgroundRun, small_config
 
 pytestmark = pytest.mark.ray
 
@@ -28,15 +25,11 @@ def test_every_kind_killed_is_restarted_and_no_episode_is_lost_or_trained_twice(
     cfg = small_config(tmp_path, **{"model.path": tiny_model_dir, "run.max_versions": 12, "run.minutes": 6,
                                     "run.log_every_s": 0.5, "rollout.count": 2, "env.count": 2,
                                     "learner.checkpoint_every": 3, "run.ledger": True})
-    outcome, run = {}, Run(cfg)
-    runner = threading.Thread(target=lambda: outcome.setdefault("summary", run.execute()))
-    runner.start()
-    metrics = tmp_path / "test" / "metrics.jsonl"
+    background = BackgroundRun(cfg)
+    run = background.run
 
     def last_row() -> dict:
-        assert runner.is_alive(), "the run ended early"
-        lines = metrics.read_text().splitlines() if metrics.exists() else []
-        return json.loads(lines[-1]) if lines else {"version": 0, "restarts": 0}
+        return background.last_row({"version": 0, "restarts": 0})
 
     try:
         for killed, victim in enumerate(VICTIMS):
@@ -48,8 +41,7 @@ def test_every_kind_killed_is_restarted_and_no_episode_is_lost_or_trained_twice(
             actor = ray_session.get_actor(victim)
             os.kill(ray_session.get(actor.pid.remote()), signal.SIGKILL)
     finally:
-        runner.join(timeout=400)
-    summary = outcome["summary"]
+        summary = background.join(timeout=400)
     assert not summary["interrupted"] and summary["restarts"] == dict.fromkeys(VICTIMS, 1)
     assert summary["final_version"] >= 12 and summary["final_nonloss"] is not None
     assert [(e["from"], e["to"]) for e in summary["scale_events"]] == [(2, 3), (3, 1)]
@@ -58,6 +50,6 @@ def test_every_kind_killed_is_restarted_and_no_episode_is_lost_or_trained_twice(
     accounts = account_episodes(run, summary["life"], checkpoint_cursor(run / "policy", summary["life"]))
     assert accounts["lost"] == 0 and accounts["duplicated"] == 0, accounts
     assert accounts["consumed"] >= 8 * 12 and accounts["unledgered"] <= 8, accounts  # at most env-0's slots
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rows = background.rows()
     assert all(r.get("tokens_per_s", 0) >= 0 and r.get("episodes_per_s", 0) >= 0 for r in rows)  # totals go on
     assert rows[-1]["reissued_requests"] > 0  # the dead rollout actor's requests were asked again

@@ -5,7 +5,6 @@ up, and its episodes/s rises with it (`benchmarks/scaling.py` measures 1 -> 2 ->
 training goes on, and every episode is accounted for by id."""
 
 import json
-import threading
 
 import pytest
 
@@ -15,7 +14,7 @@ from actors.monitor import episodes_per_s
 from actors.run import Run
 from actors.spill import account_episodes
 from tests.integration.test_local_topology import wait_for
-from tests.integration.topology import small_config
+from tests.integration.topology import BackgroundRun, small_config
 
 pytestmark = pytest.mark.ray
 SETTLE_S = 3.0  # after the joining actor took work, before its phase is measured
@@ -48,15 +47,11 @@ def test_env_actors_scaled_2_to_3_to_1_keep_eta_0_on_policy_and_lose_nothing(ray
     cfg = small_config(tmp_path, **{"model.path": tiny_model_dir, "run.minutes": 5, "run.log_every_s": 0.5,
                                     "learner.max_staleness": 0, "env.count": 2, "learner.checkpoint_every": 1,
                                     "run.ledger": True})
-    outcome, run = {}, Run(cfg)
-    runner = threading.Thread(target=lambda: outcome.setdefault("summary", run.execute()))
-    runner.start()
-    metrics = tmp_path / "test" / "metrics.jsonl"
+    background = BackgroundRun(cfg)
+    run = background.run
 
     def version() -> int:
-        assert runner.is_alive(), "the run ended early"
-        lines = metrics.read_text().splitlines() if metrics.exists() else []
-        return json.loads(lines[-1])["version"] if lines else 0
+        return background.last_row({"version": 0})["version"]
 
     try:
         wait_for(lambda: version() >= 2, "training", timeout=240)
@@ -69,13 +64,11 @@ def test_env_actors_scaled_2_to_3_to_1_keep_eta_0_on_policy_and_lose_nothing(ray
             wait_for(lambda: version() >= applied_at + 3, "training to go on after the scale", timeout=240)
     finally:
         run.stop()
-        runner.join(timeout=400)
-    summary = outcome["summary"]
+        summary = background.join(timeout=400)
     assert [(e["kind"], e["from"], e["to"]) for e in summary["scale_events"]] == [("env", 2, 3), ("env", 3, 1)]
     assert run.top.envs == ["env-0"] and summary["final_nonloss"] is not None
     assert set(summary["staleness_hist"]) == {"0"}, summary["staleness_hist"]  # eta = 0: on-policy throughout
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    counts = [r["env_actors"] for r in rows]
+    counts = [r["env_actors"] for r in background.rows()]
     assert [n for i, n in enumerate(counts) if i == 0 or counts[i - 1] != n] == [2, 3, 1], counts
     ledgers = tmp_path / "test" / "ledger" / summary["life"]
     assert (ledgers / "env-2.txt").read_text().split()  # the joining actor played and delivered

@@ -1,4 +1,7 @@
-"""A small run config for tests: the default job's shape, a tiny budget."""
+"""A small run config for tests: the default job's shape, a tiny budget; and a run going on in a thread."""
+
+import json
+import threading
 
 from actors.cli import load_config
 
@@ -8,3 +11,29 @@ def small_config(run_dir, **overrides) -> dict:
             "replay.args.capacity_episodes=16", "env.args.concurrency=8", "eval.every_s=0",
             "eval.games_per_seat=4", "eval.endpoint_games_per_seat=4", "sampling.max_new_tokens=4"]
     return load_config(args + [f"{k}={v}" for k, v in overrides.items()])
+
+
+class BackgroundRun:
+    """``Run(cfg)`` executing in a thread, for tests that act on a run while it goes on."""
+
+    def __init__(self, cfg: dict):
+        from actors.run import Run
+
+        self.run, self.outcome = Run(cfg), {}
+        self.thread = threading.Thread(target=lambda: self.outcome.setdefault("summary", self.run.execute()))
+        self.thread.start()
+
+    def last_row(self, empty: dict) -> dict:
+        """The run's last metrics row (``empty`` before the first); fails if the run already ended."""
+        assert self.thread.is_alive(), "the run ended early"
+        metrics = self.run.dir / "metrics.jsonl"
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        return json.loads(lines[-1]) if lines else empty
+
+    def rows(self) -> list[dict]:
+        return [json.loads(line) for line in (self.run.dir / "metrics.jsonl").read_text().splitlines()]
+
+    def join(self, timeout: float) -> dict | None:
+        """Wait for the run to end; its summary."""
+        self.thread.join(timeout)
+        return self.outcome.get("summary")
