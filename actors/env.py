@@ -10,9 +10,10 @@ fixed opponent) and go to the reward actor when they end. Admission keeps them f
 new training episode starts only while the episodes started but not yet consumed by the learner number
 fewer than (max_staleness + v + 1) * batch_episodes, v being the learner's version, announced on its
 publisher. With n env actors the allowance A is split exactly: actor i of n gets ceil((A - i) / n) of it
-(``admission_share``), so the shares add up to A. A scale of env actors shares it again (``rebalance``). Every generation
-request carries the learner version this actor knows of as ``min_version``: the rollout actor waits for
-those weights rather than sample with older ones, so with max_staleness = 0 training is exactly on-policy.
+(``admission_share``), so the shares add up to A; a scale of env actors shares it again (``rebalance``).
+Every generation request carries the learner version this actor knows of as ``min_version``: the rollout
+actor waits for those weights rather than sample with older ones, so with max_staleness = 0 training is
+exactly on-policy.
 
 Evaluation episodes seat the policy against a fixed opponent in each seat in turn; their results are kept
 in ``statistics()["evaluations"]`` and never trained on.

@@ -225,7 +225,7 @@ class Run:
     def _set_envs(self, count: int, joined: list[str]) -> None:
         """Env actors: the ``joined`` ones come in, or the last ones go once they have delivered every episode
         they started (``retire``). Then the admission allowance is shared again among the ``count`` that stay
-        (README, "Scaling env actors"): with training paused, the episodes counted as started by all of them,
+        (README, "Faults and scaling"): with training paused, the episodes counted as started by all of them,
         the leaving ones included, are spread over the new shares, each actor's count moving by the
         difference, so the counts still add up to the run's total and the staleness bound holds exactly."""
         top = self.top
