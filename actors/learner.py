@@ -49,6 +49,7 @@ from streams.schema import Columns, decode_batch
 from streams.wire import Kind
 
 log = logging.getLogger(__name__)
+REJECTED_LOG_EVERY_S = 30.0  # at most one log line this often about episodes dropped as too stale
 
 
 @dataclass
@@ -103,6 +104,7 @@ class LearnerActor:
         self.history: list[dict] = []  # one entry per update
         self.reference = None  # a frozen copy of the starting policy, when kl_coef > 0
         self.state = TrainerState()
+        self._rejected_logged = (time.monotonic(), 0)  # (when, the total then): see ``_log_rejected``
         self._totals = {"batches": 0, "episodes": 0, "tokens": 0, "train_s": 0.0, "rejected_episodes": 0,
                         "rejected_tokens": 0}
         self.cursor = 0  # the number of the last batch consumed (see the module's docstring)
@@ -315,9 +317,18 @@ class LearnerActor:
         keep = [e not in stale for e in episodes]
         self._totals["rejected_episodes"] += len(stale)
         self._totals["rejected_tokens"] += sum(len(v) for v, k in zip(versions, keep) if not k)
-        log.info("dropped %d episodes older than %d versions (learner at version %d)", len(stale),
-                 self.cfg.max_staleness, self.version)
+        self._log_rejected()
         return table.filter(keep) if any(keep) else None
+
+    def _log_rejected(self) -> None:
+        """A line about the episodes dropped as too stale at most every REJECTED_LOG_EVERY_S (it happens at many
+        updates; the count is in the statistics and the run's metrics as ``rejected_episodes``)."""
+        now, (since, before) = time.monotonic(), self._rejected_logged
+        if now - since >= REJECTED_LOG_EVERY_S:
+            total = self._totals["rejected_episodes"]
+            log.info("dropped %d episodes older than %d versions in the last %.0f s (%d in all; learner at version %d)",
+                     total - before, self.cfg.max_staleness, now - since, total, self.version)
+            self._rejected_logged = (now, total)
 
     def statistics(self) -> dict:
         dropped = self._inbox.statistics()["dropped_frames"] if self._inbox else 0

@@ -1,6 +1,9 @@
-"""The sampler's log-probs must be what the learner recomputes; collate must align them with the tokens."""
+"""The sampler's log-probs must be what the learner recomputes; collate must align them with the tokens; the
+learner says how many episodes it dropped as stale without a line at every update."""
 
+import logging
 import math
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -217,3 +220,21 @@ def test_every_loss_trains_with_minibatches(model_and_tokenizer, tiny_model_dir,
                                  temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert stats["tokens"] == int(batch.action_mask.sum()) and math.isfinite(stats["pg_loss"])
     assert stats["entropy"] > 0 and len(state.baselines) == 2
+
+
+def test_episodes_dropped_as_stale_are_logged_at_most_every_30_s(caplog, monkeypatch):
+    """Stale episodes are dropped at many updates: one log line at most every 30 s, with the count since the last
+    (the total is in the statistics)."""
+    import actors.learner as learner_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(learner_module.time, "monotonic", lambda: clock[0])
+    learner = SimpleNamespace(_rejected_logged=(1000.0, 0), _totals={"rejected_episodes": 0},
+                              cfg=SimpleNamespace(max_staleness=2), version=7)
+    caplog.set_level(logging.INFO, logger="actors.learner")
+    for now, total in [(1010.0, 3), (1031.0, 5), (1040.0, 9), (1060.0, 12), (1062.0, 13)]:
+        clock[0], learner._totals["rejected_episodes"] = now, total
+        learner_module.LearnerActor._log_rejected(learner)
+    assert [r.getMessage() for r in caplog.records] == [
+        "dropped 5 episodes older than 2 versions in the last 31 s (5 in all; learner at version 7)",
+        "dropped 8 episodes older than 2 versions in the last 31 s (13 in all; learner at version 7)"]
