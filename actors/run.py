@@ -48,6 +48,8 @@ class Run:
         self._joining: Future | None = None  # actors starting for the scale to ``_target``
         self._target: tuple[str, int] = ("", 0)  # (kind, count) of the scale under way
         self._deferred: tuple[str, int] | None = None  # an env scale-down waiting for an evaluation to end
+        self._retiring: dict[str, int] = {}  # leaving env actors -> their restarts when told to retire
+        self._retire_deadline = 0.0
         self._envs_made = 0  # env actors ever started, as for rollout actors
         self.autoscale = AutoscaleConfig(**cfg["rollout"].get("autoscale", {}))
         if self.autoscale.enabled and run["mode"] != "ray":
@@ -163,13 +165,17 @@ class Run:
         """Carry out the scale requests, one at a time. Joining actors start in a thread (loading a model takes
         seconds): the run's loop goes on meanwhile, and connects them once they are up. Env actors leave only
         between evaluations (each plays its share of one)."""
+        if self._retiring:
+            if not self._retired():
+                return
+            self._set_count(*self._target, [])
         if self._joining is not None:
             if not self._joining.done():
                 return
             joined = self._joining.result()  # raises what a failed start raised
             self._joining = None
             self._set_count(*self._target, joined)
-        while self._joining is None and (self._deferred or not self.scale_requests.empty()):
+        while self._joining is None and not self._retiring and (self._deferred or not self.scale_requests.empty()):
             kind, count = self._deferred or self.scale_requests.get()
             before = len(self._scaled(kind))
             if kind == "env" and count < before and self.open_evaluations:
@@ -181,6 +187,10 @@ class Run:
             if count > before:
                 start = self._start_rollouts if kind == "rollout" else self._start_envs
                 self._joining = self._spawner.submit(start, count - before)
+            elif kind == "env" and count < before:  # the leaving ones first deliver what they started
+                self._retiring = dict.fromkeys(self.top.envs[count:], -1)
+                self._retire_deadline = time.monotonic() + DRAIN_TIMEOUT_S
+                self._retired()
             else:
                 self._set_count(kind, count, [])
 
@@ -223,20 +233,19 @@ class Run:
                           [(f"env-{i}", i, (0, 1)) for i in range(made, self._envs_made)])
 
     def _set_envs(self, count: int, joined: list[str]) -> None:
-        """Env actors: the ``joined`` ones come in, or the last ones go once they have delivered every episode
-        they started (``retire``). Then the admission allowance is shared again among the ``count`` that stay
-        (README, "Faults and scaling"): with training paused, the episodes counted as started by all of them,
-        the leaving ones included, are spread over the new shares, each actor's count moving by the
-        difference, so the counts still add up to the run's total and the staleness bound holds exactly."""
+        """Env actors: the ``joined`` ones come in, or the last ones (retired, see ``_retired``) go. Then the
+        admission allowance is shared again among the ``count`` that stay (README, "Faults and scaling"): with
+        training paused, the episodes counted as started by all of them, the leaving ones included, are spread
+        over the new shares, each actor's count moving by the difference, so the counts still add up to the
+        run's total and the staleness bound holds exactly."""
         top = self.top
         top.envs.extend(joined)  # in place: GroupRecovery holds this list
         keep, leaving = top.envs[:count], top.envs[count:]
-        counts = self._drain_envs(leaving)
         training, self.training = self.training, False  # an actor restarted meanwhile waits too
         for name in keep:
             self._call_unless_dead(name, "set_training", False)
-        stats = statistics_or_recover(self.cluster, keep, self._recover)
-        total = sum(counts.values()) + sum(s["started"] for s in stats.values())
+        stats = statistics_or_recover(self.cluster, top.envs, self._recover)
+        total = sum(s["started"] for s in stats.values())
         for i, name in enumerate(keep):
             delta = admission_share(total, i, count) - stats[name]["started"]
             # a restart of it from now on counts what ``rebalance`` makes its count (offset + delivered)
@@ -247,26 +256,24 @@ class Run:
             self.cluster.stop(name)
             self.metrics.retired(name)
         top.envs[:] = keep
+        self._retiring = {}
         self._set_training(training)
 
-    def _drain_envs(self, leaving: list[str]) -> dict[str, int]:
-        """Retire the ``leaving`` env actors and wait until each has delivered (or given back) every episode it
-        started; their counts of started episodes, by name. One that dies meanwhile is restarted and retired."""
-        told: dict[str, int] = {}  # name -> its restarts when it was told to retire
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        while leaving:
-            for name in leaving:
-                if told.get(name) != self.restarts.get(name, 0):
-                    self._call_unless_dead(name, "retire")
-                    told[name] = self.restarts.get(name, 0)
-            stats = statistics_or_recover(self.cluster, leaving, self._recover)
-            if all(s["drained"] for s in stats.values()):
-                return {name: s["started"] for name, s in stats.items()}
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the leaving env actors {leaving} did not finish their episodes in flight "
-                                   f"within {DRAIN_TIMEOUT_S:.0f} s")
-            time.sleep(0.05)
-        return {}
+    def _retired(self) -> bool:
+        """Whether every leaving env actor has delivered (or given back) each episode it started, after it was
+        told to ``retire``; one restarted since is told again. The run's loop goes on meanwhile (health checks,
+        metrics), only no evaluation starts."""
+        for name, told in self._retiring.items():
+            if told != self.restarts.get(name, 0):
+                self._call_unless_dead(name, "retire")
+                self._retiring[name] = self.restarts.get(name, 0)
+        stats = statistics_or_recover(self.cluster, list(self._retiring), self._recover)
+        if all(s["drained"] for s in stats.values()):
+            return True
+        if time.monotonic() > self._retire_deadline:
+            raise TimeoutError(f"the leaving env actors {list(self._retiring)} did not finish their episodes in "
+                               f"flight within {DRAIN_TIMEOUT_S:.0f} s")
+        return False
 
     def _set_rollouts(self, count: int) -> None:
         """Env actors send to the first ``count`` rollout actors (joining ones take the latest weights, which
@@ -321,7 +328,7 @@ class Run:
                 self.metrics.snapshot(stats)
             row = self.metrics.rows[-1]
             self._autoscale(row)
-            if pending is None and ev["every_s"] and time.time() >= next_eval:
+            if pending is None and ev["every_s"] and time.time() >= next_eval and not self._retiring:
                 rounds += 1
                 pending = self._evaluation(f"during-{rounds}", ev["games_per_seat"])
                 next_eval = time.time() + ev["every_s"]
