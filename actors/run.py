@@ -61,7 +61,7 @@ class Run:
         """Ask for ``count`` actors of ``kind`` (rollout or env); applied by the run's loop at its next round.
         Returns how many it runs now. Any thread may call it (the control endpoint's does)."""
         if kind not in SCALABLE:
-            raise ValueError(f"cannot scale {kind!r} actors: only {', '.join(SCALABLE)} can be scaled so far")
+            raise ValueError(f"cannot scale {kind!r} actors: only {', '.join(SCALABLE)} actors can be scaled")
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ValueError(f"scale {kind}={count!r}: the count must be an integer >= 1")
         if self.cfg["run"]["mode"] != "ray":
