@@ -76,3 +76,24 @@ def test_env_actors_scaled_2_to_3_to_1_keep_eta_0_on_policy_and_lose_nothing(ray
                                 checkpoint_cursor(tmp_path / "test" / "policy", summary["life"]))
     assert accounts["lost"] == 0 and accounts["duplicated"] == 0, accounts
     assert accounts["consumed"] >= 8 * 8 and accounts["unledgered"] <= 8, accounts  # at most env-0's slots at the end
+
+
+def test_the_run_goes_on_while_leaving_env_actors_finish_their_episodes(ray_session, tiny_model_dir, tmp_path):
+    """Every generation takes a second (``latency_s``), so a TicTacToe episode takes several: the leaving env
+    actor needs seconds to deliver what it started, and meanwhile the run's loop goes on writing its metrics."""
+    cfg = small_config(tmp_path, **{"model.path": tiny_model_dir, "run.minutes": 5, "run.log_every_s": 0.25,
+                                    "env.count": 2, "rollout.args.latency_s": 1.0, "env.args.concurrency": 4})
+    background = BackgroundRun(cfg)
+    run = background.run
+    try:
+        wait_for(lambda: background.last_row({"version": 0})["version"] >= 1, "training", timeout=240)
+        assert send_scale(run.dir, "env", 1).ok
+        wait_for(lambda: run.scale_events and "applied" in run.scale_events[0], "the scale", timeout=240)
+    finally:
+        run.stop()
+        summary = background.join(timeout=400)
+    event = summary["scale_events"][0]
+    during = [r for r in background.rows() if event["time"] < r["time"] < event["applied"]]
+    assert event["applied"] - event["time"] > 1.0 and len(during) >= 3, (event, len(during))
+    assert {r["env_actors"] for r in during} == {2}  # the leaving one still counted until it was stopped
+    assert background.rows()[-1]["env_actors"] == 1 and run.top.envs == ["env-0"]
