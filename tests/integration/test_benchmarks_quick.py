@@ -51,3 +51,23 @@ def test_league_quick_on_ray(tmp_path, tiny_model_dir):
     report = json.loads((tmp_path / "league.json").read_text())
     assert report["snapshots_played"]  # snapshots were served from disk by rollout actors and played
     assert 0 <= report["main_nash_conv"] <= 3 and len(report["main_policy"]) == 12  # every information state
+
+
+def test_tictactoe_tactics_scores_every_position_with_a_threat(tiny_model_dir):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tictactoe_tactics", BENCHMARKS / "tictactoe_tactics.py")
+    tactics = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tactics)
+    games = tactics.positions()
+    assert len(games) == 4520  # TicTacToe's 5478 legal positions less its 958 finished ones
+    board = [0, 0, None, 1, 1, None, None, None, None]  # X on 1 and 2, O on 4 and 5
+    assert tactics.completing(board, 0) == {2} and tactics.completing(board, 1) == {5}
+
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "tictactoe_tactics.py"), str(tiny_model_dir)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    numbers = re.fullmatch(r"tactical_x=([\d.]+) tactical_o=([\d.]+) priority_x=([\d.]+) priority_o=([\d.]+)", last)
+    assert numbers, last
+    assert all(0.0 <= float(v) <= 1.0 for v in numbers.groups())

@@ -1,0 +1,116 @@
+"""What a TicTacToe policy has learned: does it read the board's threats, or play cells in a fixed order?
+
+    python benchmarks/tictactoe_tactics.py <policy dir> [--temperature T]
+
+Scores every reachable position in which the player to move can win at once, or must block the opponent's
+line, by the policy's probability of each move text (``[c]``, its tokens after the position's prompt, at the
+run's sampling temperature). Per seat it prints how many such positions there are, the mean probability of a
+winning or blocking move, and the share of positions whose most likely move is one. Then, per seat, the fixed
+cell priority (first free cell of an order) that best explains the policy's most likely move over all
+positions, and the share it explains: a high share means the policy plays an opening order, not the board.
+Last line: ``tactical_x=<mean prob> tactical_o=<mean prob> priority_x=<share> priority_o=<share>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from envs.tictactoe import LINES, MARKS, TicTacToe, format_move
+
+
+def positions() -> list[TicTacToe]:
+    """Every reachable position with a move to make, each once."""
+    seen, found, stack = set(), [], [TicTacToe()]
+    while stack:
+        game = stack.pop()
+        key = tuple(game.board)
+        if key in seen or game.done:
+            continue
+        seen.add(key)
+        found.append(game)
+        for cell in range(9):
+            if game.board[cell] is None:
+                nxt = copy.deepcopy(game)
+                nxt.step(format_move(cell))
+                stack.append(nxt)
+    return found
+
+
+def completing(board, player: int) -> set[int]:
+    """The free cells that would complete a line of ``player``."""
+    cells = set()
+    for line in LINES:
+        marks = [board[i] for i in line]
+        if marks.count(player) == 2 and marks.count(None) == 1:
+            cells.add(line[marks.index(None)])
+    return cells
+
+
+@torch.no_grad()
+def move_probs(model, tokenizer, games: list[TicTacToe], temperature: float, rows_per_batch: int = 1024):
+    """Per position, a tensor of the 9 move texts' probabilities (0 for taken cells)."""
+    moves = [tokenizer(format_move(c), add_special_tokens=False).input_ids for c in range(9)]
+    rows = []  # (position, cell, prompt ids, move ids)
+    for g, game in enumerate(games):
+        prompt = tokenizer(game.observation(game.current_player)).input_ids
+        rows += [(g, c, prompt, moves[c]) for c in range(9) if game.board[c] is None]
+    probs = torch.zeros(len(games), 9)
+    for start in range(0, len(rows), rows_per_batch):
+        chunk = rows[start:start + rows_per_batch]
+        width = max(len(p) + len(m) for _, _, p, m in chunk)
+        ids = torch.full((len(chunk), width), tokenizer.pad_token_id)
+        target = torch.zeros((len(chunk), width), dtype=torch.bool)
+        for i, (_, _, p, m) in enumerate(chunk):
+            ids[i, :len(p) + len(m)] = torch.tensor(p + m)
+            target[i, len(p):len(p) + len(m)] = True
+        logps = torch.log_softmax(model(ids).logits[:, :-1].float() / temperature, dim=-1)
+        picked = logps.gather(-1, ids[:, 1:, None])[..., 0] * target[:, 1:]
+        for (g, c, _, _), lp in zip(chunk, picked.sum(-1)):
+            probs[g, c] = lp.exp()
+    return probs
+
+
+def priority_fit(games: list[TicTacToe], best: list[int]) -> tuple[list[int], float]:
+    """The cell order, built greedily, whose first free cell most often is the policy's most likely move."""
+    order: list[int] = []
+    while len(order) < 9:
+        def explained(cell):
+            return sum(1 for game, b in zip(games, best)
+                       if b == cell and all(game.board[o] is not None for o in order))
+        order.append(max((c for c in range(9) if c not in order), key=explained))
+    hits = sum(1 for game, b in zip(games, best) if b == next(c for c in order if game.board[c] is None))
+    return order, hits / max(len(games), 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("policy", help="a Hugging Face model directory (e.g. a run's policy/)")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    args = parser.parse_args()
+    tokenizer = AutoTokenizer.from_pretrained(args.policy)
+    model = AutoModelForCausalLM.from_pretrained(args.policy).eval()
+    games = positions()
+    probs = move_probs(model, tokenizer, games, args.temperature)
+    best = probs.argmax(-1).tolist()
+    summary = {}
+    for seat, mark in enumerate(MARKS):
+        mine = [i for i, g in enumerate(games) if g.current_player == seat]
+        tactical = [(i, completing(games[i].board, seat) or completing(games[i].board, 1 - seat)) for i in mine]
+        tactical = [(i, cells) for i, cells in tactical if cells]
+        mean = sum(float(probs[i, list(cells)].sum()) for i, cells in tactical) / len(tactical)
+        argmax = sum(best[i] in cells for i, cells in tactical) / len(tactical)
+        order, share = priority_fit([games[i] for i in mine], [best[i] for i in mine])
+        print(f"seat {mark}: {len(tactical)} positions to win or block in: mean probability of such a move "
+              f"{mean:.3f}, most likely move is one in {argmax:.3f}; cell order {[c + 1 for c in order]} "
+              f"explains the most likely move in {share:.3f} of {len(mine)} positions")
+        summary[mark.lower()] = (mean, share)
+    print(f"tactical_x={summary['x'][0]:.3f} tactical_o={summary['o'][0]:.3f} "
+          f"priority_x={summary['x'][1]:.3f} priority_o={summary['o'][1]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
