@@ -9,12 +9,16 @@ winning or blocking move, and the share of positions whose most likely move is o
 cell priority (first free cell of an order) that best explains the policy's most likely move over all
 positions, and the share it explains: a high share means the policy plays an opening order, not the board.
 Last line: ``tactical_x=<mean prob> tactical_o=<mean prob> priority_x=<share> priority_o=<share>``.
+
+``--orders N`` first plays N random cell orders (and the best few again, longer) against the random-legal
+opponent: the non-loss a policy reaches that plays a fixed order and reads no threat at all.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import random
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -86,11 +90,39 @@ def priority_fit(games: list[TicTacToe], best: list[int]) -> tuple[list[int], fl
     return order, hits / max(len(games), 1)
 
 
+def order_nonloss(order: list[int], seat: int, games: int, rng: random.Random) -> float:
+    """Non-loss of a player taking the first free cell of ``order`` against a random-legal one."""
+    kept = 0
+    for _ in range(games):
+        game = TicTacToe()
+        while not game.done:
+            player = game.current_player
+            free = [c for c in range(9) if game.board[c] is None]
+            cell = next(c for c in order if game.board[c] is None) if player == seat else rng.choice(free)
+            result = game.step(format_move(cell))
+        kept += result.rewards[seat] >= 0
+    return kept / games
+
+
+def best_order(orders: int, rng: random.Random) -> None:
+    scored = []
+    for _ in range(orders):
+        order = rng.sample(range(9), 9)
+        scored.append((order_nonloss(order, 0, 200, rng) + order_nonloss(order, 1, 200, rng), order))
+    for _, order in sorted(scored, reverse=True)[:3]:
+        x, o = order_nonloss(order, 0, 5000, rng), order_nonloss(order, 1, 5000, rng)
+        print(f"cell order {[c + 1 for c in order]}: non-loss vs random {x:.3f} as X, {o:.3f} as O, "
+              f"{(x + o) / 2:.3f} on average")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("policy", help="a Hugging Face model directory (e.g. a run's policy/)")
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--orders", type=int, default=0, help="first, the best of this many fixed cell orders")
     args = parser.parse_args()
+    if args.orders:
+        best_order(args.orders, random.Random(0))
     tokenizer = AutoTokenizer.from_pretrained(args.policy)
     model = AutoModelForCausalLM.from_pretrained(args.policy).eval()
     games = positions()
