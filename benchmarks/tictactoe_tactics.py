@@ -12,12 +12,15 @@ Last line: ``tactical_x=<mean prob> tactical_o=<mean prob> priority_x=<share> pr
 
 ``--orders N`` first plays N random cell orders (and the best few again, longer) against the random-legal
 opponent: the non-loss a policy reaches that plays a fixed order and reads no threat at all.
+``--supervised STEPS`` then asks whether the model can learn to win and block at all: it fine-tunes the
+policy for STEPS steps of cross-entropy on minimax-optimal moves (batches of 128 positions) and scores it again.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import random
 
 import torch
@@ -90,6 +93,49 @@ def priority_fit(games: list[TicTacToe], best: list[int]) -> tuple[list[int], fl
     return order, hits / max(len(games), 1)
 
 
+@functools.lru_cache(maxsize=None)
+def minimax(board: tuple, player: int) -> int:
+    """The value of a position for ``player``, to move: 1 a win, 0 a draw, -1 a loss, under perfect play."""
+    values = [move_value(board, player, c) for c in range(9) if board[c] is None]
+    return max(values) if values else 0
+
+
+def move_value(board: tuple, player: int, cell: int) -> int:
+    after = board[:cell] + (player,) + board[cell + 1:]
+    if any(all(after[i] == player for i in line) for line in LINES):
+        return 1
+    return -minimax(after, 1 - player)
+
+
+def supervise(model, tokenizer, games: list[TicTacToe], steps: int, lr: float = 1e-3, seed: int = 0) -> None:
+    """Cross-entropy on a minimax-optimal move text (one drawn among the best) after each position's prompt."""
+    rng = random.Random(seed)
+    best = []
+    for game in games:
+        values = {c: move_value(tuple(game.board), game.current_player, c) for c in range(9) if game.board[c] is None}
+        best.append([c for c, v in values.items() if v == max(values.values())])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for step in range(steps):
+        picks = rng.sample(range(len(games)), 128)
+        texts = [games[i].observation(games[i].current_player) + format_move(rng.choice(best[i])) for i in picks]
+        prompts = [len(tokenizer(games[i].observation(games[i].current_player)).input_ids) for i in picks]
+        encoded = [tokenizer(t).input_ids for t in texts]
+        width = max(map(len, encoded))
+        ids = torch.full((len(encoded), width), tokenizer.pad_token_id)
+        labels = torch.full((len(encoded), width), -100)
+        for row, (e, p) in enumerate(zip(encoded, prompts)):
+            ids[row, :len(e)] = torch.tensor(e)
+            labels[row, p:len(e)] = torch.tensor(e[p:])
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if (step + 1) % 100 == 0:
+            print(f"supervised step {step + 1}: loss {loss.item():.3f}", flush=True)
+    model.eval()
+
+
 def order_nonloss(order: list[int], seat: int, games: int, rng: random.Random) -> float:
     """Non-loss of a player taking the first free cell of ``order`` against a random-legal one."""
     kept = 0
@@ -120,13 +166,23 @@ def main() -> None:
     parser.add_argument("policy", help="a Hugging Face model directory (e.g. a run's policy/)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--orders", type=int, default=0, help="first, the best of this many fixed cell orders")
+    parser.add_argument("--supervised", type=int, default=0, metavar="STEPS",
+                        help="then fine-tune on minimax moves for STEPS steps and score again")
     args = parser.parse_args()
     if args.orders:
         best_order(args.orders, random.Random(0))
     tokenizer = AutoTokenizer.from_pretrained(args.policy)
     model = AutoModelForCausalLM.from_pretrained(args.policy).eval()
     games = positions()
-    probs = move_probs(model, tokenizer, games, args.temperature)
+    if args.supervised:
+        report(model, tokenizer, games, args.temperature)
+        supervise(model, tokenizer, games, args.supervised)
+        print(f"after {args.supervised} supervised steps on minimax moves:")
+    report(model, tokenizer, games, args.temperature)
+
+
+def report(model, tokenizer, games: list[TicTacToe], temperature: float) -> None:
+    probs = move_probs(model, tokenizer, games, temperature)
     best = probs.argmax(-1).tolist()
     summary = {}
     for seat, mark in enumerate(MARKS):
