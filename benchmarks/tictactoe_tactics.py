@@ -57,25 +57,38 @@ def completing(board, player: int) -> set[int]:
     return cells
 
 
+def prompt_ids(tokenizer, games: list[TicTacToe]) -> list[list[int]]:
+    return [tokenizer(game.observation(game.current_player)).input_ids for game in games]
+
+
+def move_ids(tokenizer) -> list[list[int]]:
+    """The tokens of each cell's move text, appended to a prompt's tokens as the rollout actor samples them."""
+    return [tokenizer(format_move(c), add_special_tokens=False).input_ids for c in range(9)]
+
+
+def padded(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt, move) token pairs as one padded tensor of ids, and a mask of the move tokens."""
+    width = max(len(p) + len(m) for p, m in pairs)
+    ids = torch.full((len(pairs), width), pad_id)
+    move = torch.zeros((len(pairs), width), dtype=torch.bool)
+    for row, (p, m) in enumerate(pairs):
+        ids[row, :len(p) + len(m)] = torch.tensor(p + m)
+        move[row, len(p):len(p) + len(m)] = True
+    return ids, move
+
+
 @torch.no_grad()
 def move_probs(model, tokenizer, games: list[TicTacToe], temperature: float, rows_per_batch: int = 1024):
     """Per position, a tensor of the 9 move texts' probabilities (0 for taken cells)."""
-    moves = [tokenizer(format_move(c), add_special_tokens=False).input_ids for c in range(9)]
-    rows = []  # (position, cell, prompt ids, move ids)
-    for g, game in enumerate(games):
-        prompt = tokenizer(game.observation(game.current_player)).input_ids
-        rows += [(g, c, prompt, moves[c]) for c in range(9) if game.board[c] is None]
+    moves = move_ids(tokenizer)
+    rows = [(g, c, prompt, moves[c]) for g, (game, prompt) in enumerate(zip(games, prompt_ids(tokenizer, games)))
+            for c in range(9) if game.board[c] is None]  # (position, cell, prompt ids, move ids)
     probs = torch.zeros(len(games), 9)
     for start in range(0, len(rows), rows_per_batch):
         chunk = rows[start:start + rows_per_batch]
-        width = max(len(p) + len(m) for _, _, p, m in chunk)
-        ids = torch.full((len(chunk), width), tokenizer.pad_token_id)
-        target = torch.zeros((len(chunk), width), dtype=torch.bool)
-        for i, (_, _, p, m) in enumerate(chunk):
-            ids[i, :len(p) + len(m)] = torch.tensor(p + m)
-            target[i, len(p):len(p) + len(m)] = True
+        ids, move = padded([(p, m) for _, _, p, m in chunk], tokenizer.pad_token_id)
         logps = torch.log_softmax(model(ids).logits[:, :-1].float() / temperature, dim=-1)
-        picked = logps.gather(-1, ids[:, 1:, None])[..., 0] * target[:, 1:]
+        picked = logps.gather(-1, ids[:, 1:, None])[..., 0] * move[:, 1:]
         for (g, c, _, _), lp in zip(chunk, picked.sum(-1)):
             probs[g, c] = lp.exp()
     return probs
@@ -114,19 +127,13 @@ def supervise(model, tokenizer, games: list[TicTacToe], steps: int, lr: float = 
     for game in games:
         values = {c: move_value(tuple(game.board), game.current_player, c) for c in range(9) if game.board[c] is None}
         best.append([c for c, v in values.items() if v == max(values.values())])
+    prompts, moves = prompt_ids(tokenizer, games), move_ids(tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for step in range(steps):
         picks = rng.sample(range(len(games)), 128)
-        texts = [games[i].observation(games[i].current_player) + format_move(rng.choice(best[i])) for i in picks]
-        prompts = [len(tokenizer(games[i].observation(games[i].current_player)).input_ids) for i in picks]
-        encoded = [tokenizer(t).input_ids for t in texts]
-        width = max(map(len, encoded))
-        ids = torch.full((len(encoded), width), tokenizer.pad_token_id)
-        labels = torch.full((len(encoded), width), -100)
-        for row, (e, p) in enumerate(zip(encoded, prompts)):
-            ids[row, :len(e)] = torch.tensor(e)
-            labels[row, p:len(e)] = torch.tensor(e[p:])
+        ids, move = padded([(prompts[i], moves[rng.choice(best[i])]) for i in picks], tokenizer.pad_token_id)
+        labels = torch.where(move, ids, -100)
         loss = model(input_ids=ids, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
