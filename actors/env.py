@@ -114,7 +114,7 @@ class EnvActor:
         self._stats = {"episodes": 0, "steps": 0, "turns": 0, "invalid_actions": 0, "forfeits": 0, "errored": 0,
                        "truncated_actions": 0, "truncated_prompts": 0, "admission_waits": 0,
                        "train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
-                       "abandoned_stale": 0, "reissued_requests": 0, "duplicate_completions": 0,
+                       "reissued_requests": 0, "duplicate_completions": 0,
                        "train_episodes_without_rows": 0, "refused_generations": 0, "stray_matches": 0}
         # Per learning member: its learner's version, and the training episodes started and not dropped (a
         # resumed run counts the episodes its learner consumed).
@@ -353,8 +353,7 @@ class EnvActor:
     async def _train_one(self, slots: trio.Semaphore, match: MatchAssigned) -> None:
         try:
             seats, learner = match.seats, match.learner
-            played = await self._play(seats, self._rng.randrange(2**31), staleness_bound=self.cfg.max_staleness,
-                                      learner=learner)
+            played = await self._play(seats, self._rng.randrange(2**31), learner=learner)
             if played is not None and played[0]:
                 policy_returns = [r for r, who in zip(played[1], seats) if who == learner]
                 self._stats["train_episodes"] += 1
@@ -364,7 +363,7 @@ class EnvActor:
                 await self._episodes[learner].send(encode_table(trajectory_table(played[0])))
                 if self.cfg.ledger_dir:
                     await self._record_delivery(learner, played[0][0][Columns.EPISODE_ID])
-            else:  # errored, abandoned, or over before the learner's turn (an opponent's forfeit with more than two
+            else:  # errored, or over before the learner's turn (an opponent's forfeit with more than two
                 self._started[learner] -= 1  # players): never consumed, so it gives its admission back
                 self._stats["train_episodes_without_rows"] += played is not None
             if match.match_id >= 0:
@@ -400,20 +399,16 @@ class EnvActor:
         return make(cfg.env_name, invalid_penalty=cfg.invalid_penalty, max_retries=cfg.max_retries,
                      retry_penalty=cfg.retry_penalty, **cfg.env_args)
 
-    async def _play(self, seats: list[str], seed: int, staleness_bound: int | None = None,
-                    learner: str | None = None) -> tuple[list[dict], list[float]] | None:
+    async def _play(self, seats: list[str], seed: int, learner: str | None = None) -> tuple[list[dict], list[float]] | None:
         """One episode: the agent-turn rows of ``learner``'s seats and every seat's return. A seat is a policy
         (a member or a snapshot: generated) or a fixed opponent's name.
 
-        None: the environment raised, or (with ``staleness_bound``) the episode fell so far behind the learner
-        that the learner would reject it; it is abandoned at once rather than played to the end for nothing.
+        None: the environment raised. An episode whose first turns fell behind the staleness bound plays on: its
+        later turns are sampled with the newest weights, and the learner drops only the turns too old to train.
         """
         episode_id = f"{self.name}-{self.cfg.incarnation}-{next(self._ids)}"
         try:
-            return await self._play_episode(episode_id, seats, seed, staleness_bound, learner)
-        except _FellBehind:
-            self._stats["abandoned_stale"] += 1
-            return None
+            return await self._play_episode(episode_id, seats, seed, learner)
         except GenerationRefused as refused:
             log.warning("episode %s dropped: %s", episode_id, refused)
             self._stats["errored"] += 1
@@ -425,8 +420,7 @@ class EnvActor:
             self._stats["errored"] += 1
             return None
 
-    async def _play_episode(self, episode_id: str, seats: list[str], seed: int, staleness_bound: int | None,
-                            learner: str | None) -> tuple[list[dict], list[float]]:
+    async def _play_episode(self, episode_id: str, seats: list[str], seed: int, learner: str | None) -> tuple[list[dict], list[float]]:
         # a finished game is reset and reused (making one can cost more than playing it); a raising one is not
         game = self._idle_games.pop() if self._idle_games else self._make_game()
         game.reset(seed)
@@ -438,7 +432,7 @@ class EnvActor:
             player = fixed[seat]
             if player is None:
                 row = {**episode, Columns.TURN: turn, Columns.AGENT: seat}
-                result = await self._policy_move(game, row, credit, staleness_bound, seats[seat], seats[seat] == learner)
+                result = await self._policy_move(game, row, credit, seats[seat], seats[seat] == learner)
             else:
                 result = await _step(game, player.act(game), credit)
                 self._fixed_moves += 1
@@ -454,13 +448,9 @@ class EnvActor:
             self._return_sums[s] += r
         return credit.rows, credit.returns
 
-    async def _policy_move(self, game, row: dict, credit: RewardCredit, staleness_bound: int | None,
-                           policy: str, trained: bool) -> StepResult:
+    async def _policy_move(self, game, row: dict, credit: RewardCredit, policy: str, trained: bool) -> StepResult:
         """``policy``'s move in seat ``row[AGENT]``: asked of its rollout group and played; its row is added to
         ``credit`` when ``trained`` (the learner's seats), else it only plays."""
-        if trained and staleness_bound is not None and credit.rows and \
-                self._versions[policy] - min(credit.rows[0][Columns.POLICY_VERSIONS] or [0]) > staleness_bound:
-            raise _FellBehind(row[Columns.EPISODE_ID])
         row = await self._policy_turn(game.observation(row[Columns.AGENT]), row, getattr(game, "max_tokens", None),
                                       policy)
         if trained:
@@ -560,10 +550,6 @@ async def _step(game, action: str, credit: RewardCredit) -> StepResult:
 class GenerationRefused(Exception):
     """The rollout actor could not sample a request (e.g. vLLM refuses temperatures above 2): the episode
     that asked is dropped, with the reason in the log, and counted as errored."""
-
-
-class _FellBehind(Exception):
-    """A training episode whose first tokens are already older than the staleness bound allows."""
 
 
 class TokenCodec:

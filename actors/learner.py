@@ -3,9 +3,10 @@
 Each batch from replay is one update; after it the version goes up by one and the new weights are
 published to every rollout actor of the policy (and the new version to whoever follows it).
 
-Before an update the staleness bound is enforced: an episode with a token more than ``max_staleness``
-versions older than the learner is dropped from the batch and counted (admission control upstream
-normally makes this rare; with ``max_staleness=0`` every trained token has the learner's version).
+Before an update the staleness bound is enforced: a turn with a token more than ``max_staleness`` versions
+older than the learner is dropped from the batch and counted (admission control upstream bounds how many
+episodes run ahead, not how long one takes, so a slow episode's first turns can fall behind while its later
+ones are fresh; with ``max_staleness=0`` every trained token has the learner's version).
 
 Checkpoints: every ``checkpoint_every`` versions and when it stops, the learner writes its policy (a Hugging
 Face model directory, loadable with ``from_pretrained``) and, beside it, ``trainer_state.pt``: the optimizer,
@@ -106,7 +107,7 @@ class LearnerActor:
         self.state = TrainerState()
         self._rejected_logged = (time.monotonic(), 0)  # (when, the total then): see ``_log_rejected``
         self._totals = {"batches": 0, "episodes": 0, "tokens": 0, "train_s": 0.0, "rejected_episodes": 0,
-                        "rejected_tokens": 0}
+                        "rejected_turns": 0, "rejected_tokens": 0}
         self.cursor = 0  # the number of the last batch consumed (see the module's docstring)
         self._out_of_order = {"duplicate_batches": 0, "early_batches": 0}
         self._staleness = Counter()  # tokens trained on, by staleness, over the whole run
@@ -304,29 +305,30 @@ class LearnerActor:
                 "time": time.time()}
 
     def _within_bound(self, table):
-        """The batch without the episodes that hold a token older than the bound (None: nothing is left)."""
+        """The batch without the turns that hold a token older than the bound (None: nothing is left).
+
+        A turn is a row: the bound is on tokens, so an episode whose first turns waited too long (a slow tool,
+        a long game) keeps its later turns, sampled with newer weights; their returns-to-go do not depend on
+        the earlier turns' rows. ``rejected_episodes`` counts the episodes left with no turn at all."""
         versions = table.column(Columns.POLICY_VERSIONS).to_pylist()
-        episodes = table.column(Columns.EPISODE_ID).to_pylist()
-        oldest: dict[str, int] = {}
-        for episode, token_versions in zip(episodes, versions):
-            if token_versions:
-                oldest[episode] = min(oldest.get(episode, self.version), min(token_versions))
-        stale = {e for e, v in oldest.items() if self.version - v > self.cfg.max_staleness}
-        if not stale:
+        keep = [not v or self.version - min(v) <= self.cfg.max_staleness for v in versions]
+        if all(keep):
             return table
-        keep = [e not in stale for e in episodes]
-        self._totals["rejected_episodes"] += len(stale)
+        episodes = table.column(Columns.EPISODE_ID).to_pylist()
+        kept = {e for e, k in zip(episodes, keep) if k}
+        self._totals["rejected_episodes"] += len(set(episodes) - kept)
+        self._totals["rejected_turns"] += keep.count(False)
         self._totals["rejected_tokens"] += sum(len(v) for v, k in zip(versions, keep) if not k)
         self._log_rejected()
         return table.filter(keep) if any(keep) else None
 
     def _log_rejected(self) -> None:
-        """A line about the episodes dropped as too stale at most every REJECTED_LOG_EVERY_S (it happens at many
-        updates; the count is in the statistics and the run's metrics as ``rejected_episodes``)."""
+        """A line about the turns dropped as too stale at most every REJECTED_LOG_EVERY_S (it happens at many
+        updates; the counts are in the statistics and the run's metrics as ``rejected_turns``)."""
         now, (since, before) = time.monotonic(), self._rejected_logged
         if now - since >= REJECTED_LOG_EVERY_S:
-            total = self._totals["rejected_episodes"]
-            log.info("dropped %d episodes older than %d versions in the last %.0f s (%d in all; learner at version %d)",
+            total = self._totals["rejected_turns"]
+            log.info("dropped %d turns older than %d versions in the last %.0f s (%d in all; learner at version %d)",
                      total - before, self.cfg.max_staleness, now - since, total, self.version)
             self._rejected_logged = (now, total)
 

@@ -57,7 +57,7 @@ class Evaluation:
 # counters that a restarted env or rollout actor starts again from 0, and that the run's totals continue (a
 # restarted learner takes its own back from its checkpoint; replay and reward's are not summed into totals)
 CONTINUED = ("episodes", "train_episodes", "train_return_sum", "turns", "invalid_actions", "tokens",
-             "reissued_requests", "duplicate_completions", "abandoned_stale")
+             "reissued_requests", "duplicate_completions")
 CONTINUED_KINDS = ("env", "rollout")
 
 
@@ -162,7 +162,7 @@ class MetricsLog:
                "queue_replay": replay.get("buffered", 0),
                "live_episodes": sum(s.get("live_episodes", 0) for s in envs),
                "rejected_episodes": learner.get("rejected_episodes", 0),
-               "abandoned_episodes": sum(s.get("abandoned_stale", 0) for s in envs),
+               "rejected_turns": learner.get("rejected_turns", 0),
                "reissued_requests": sum(s.get("reissued_requests", 0) for s in envs),
                "duplicate_completions": sum(s.get("duplicate_completions", 0) for s in envs),
                "staleness_total": learner.get("staleness_hist", {}),

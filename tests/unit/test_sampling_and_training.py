@@ -222,19 +222,39 @@ def test_every_loss_trains_with_minibatches(model_and_tokenizer, tiny_model_dir,
     assert stats["entropy"] > 0 and len(state.baselines) == 2
 
 
-def test_episodes_dropped_as_stale_are_logged_at_most_every_30_s(caplog, monkeypatch):
-    """Stale episodes are dropped at many updates: one log line at most every 30 s, with the count since the last
+def test_turns_dropped_as_stale_are_logged_at_most_every_30_s(caplog, monkeypatch):
+    """Stale turns are dropped at many updates: one log line at most every 30 s, with the count since the last
     (the total is in the statistics)."""
     import actors.learner as learner_module
 
     clock = [1000.0]
     monkeypatch.setattr(learner_module.time, "monotonic", lambda: clock[0])
-    learner = SimpleNamespace(_rejected_logged=(1000.0, 0), _totals={"rejected_episodes": 0},
+    learner = SimpleNamespace(_rejected_logged=(1000.0, 0), _totals={"rejected_turns": 0},
                               cfg=SimpleNamespace(max_staleness=2), version=7)
     caplog.set_level(logging.INFO, logger="actors.learner")
     for now, total in [(1010.0, 3), (1031.0, 5), (1040.0, 9), (1060.0, 12), (1062.0, 13)]:
-        clock[0], learner._totals["rejected_episodes"] = now, total
+        clock[0], learner._totals["rejected_turns"] = now, total
         learner_module.LearnerActor._log_rejected(learner)
     assert [r.getMessage() for r in caplog.records] == [
-        "dropped 5 episodes older than 2 versions in the last 31 s (5 in all; learner at version 7)",
-        "dropped 8 episodes older than 2 versions in the last 31 s (13 in all; learner at version 7)"]
+        "dropped 5 turns older than 2 versions in the last 31 s (5 in all; learner at version 7)",
+        "dropped 8 turns older than 2 versions in the last 31 s (13 in all; learner at version 7)"]
+
+
+def test_the_bound_drops_stale_turns_and_keeps_an_episodes_fresh_ones():
+    """Learner at version 8, eta = 2: a turn with any token older than version 6 goes, whatever its episode;
+    the fresh later turn of a slow episode stays, and an episode left with no turn counts as rejected."""
+    from actors.learner import LearnerActor, LearnerConfig
+
+    learner = LearnerActor(LearnerConfig(model_path="unused: nothing is loaded", max_staleness=2))
+    learner.version = 8
+    tokens = SimpleNamespace(tokens=[4, 5], logprobs=[-0.1, -0.2])
+    rows = [row([1, 2], tokens, version=5, episode="slow"), row([1, 2], tokens, version=8, episode="slow"),
+            row([1, 2], tokens, version=6, episode="fresh"), row([1, 2], tokens, version=3, episode="stale")]
+    rows[1][Columns.TURN] = 1
+    rows[2][Columns.POLICY_VERSIONS] = [6, 7]  # interrupted by a weight update: its oldest token counts
+    kept = learner._within_bound(trajectory_table(rows))
+    assert list(zip(kept.column(Columns.EPISODE_ID).to_pylist(), kept.column(Columns.TURN).to_pylist())) == \
+        [("slow", 1), ("fresh", 0)]
+    totals = learner.statistics()
+    assert (totals["rejected_turns"], totals["rejected_episodes"], totals["rejected_tokens"]) == (2, 1, 4)
+    assert learner._within_bound(trajectory_table(rows[3:])) is None  # nothing left to train on
