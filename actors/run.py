@@ -31,13 +31,15 @@ class Run:
         self.dir = Path(run["dir"]).expanduser() / name
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "config.json").write_text(json.dumps(cfg, indent=2))
-        self.metrics = MetricsLog(self.dir, window_episodes=run.get("return_window_episodes") or 0)
+        self.metrics = MetricsLog(self.dir, window_s=run.get("return_window_s", 30.0),
+                                  window_episodes=run.get("return_window_episodes") or 0)
         self.resumed = bool(cfg.get("resume"))
         # A resumed run continues its clock and its curves: its budget is the run's, not one more of it.
         self.offset_s = self.metrics.load() if self.resumed else 0.0
         self.evaluations: list[dict] = [r["evaluation"] for r in self.metrics.rows if "evaluation" in r]
         self.started = None
         self.target_reached_s = None
+        self.training_end: dict | None = None  # the last metrics row of training, before the final evaluation
         self.restarts: dict[str, int] = {}  # actor -> times restarted after it died
         self.training = False  # env actors may start training episodes (a restarted one is told again)
         self.open_evaluations: list[Evaluation] = []  # under way: a restarted env actor plays its share again
@@ -103,6 +105,7 @@ class Run:
             self.started = self.metrics.started = time.time() - self.offset_s
             self._set_training(True)
             self._train()
+            self.training_end = self.metrics.rows[-1] if self.metrics.rows else None
             self._set_training(False)
             self._evaluate_now("final", self.cfg["eval"]["endpoint_games_per_seat"])
         except KeyboardInterrupt:
@@ -355,6 +358,7 @@ class Run:
         by_tag = {e["tag"]: e for e in self.evaluations}
         start, final = by_tag.get("start"), by_tag.get("final")
         rates = [r["episodes_per_s"] for r in rows if r.get("episodes_per_s")]
+        trained = self.training_end or (rows[-1] if rows else {})  # busy and idle while training, not evaluating
         summary = {
             "run_dir": str(self.dir),
             "interrupted": interrupted,
@@ -366,10 +370,11 @@ class Run:
             "episodes_per_s": sum(rates) / len(rates) if rates else None,
             "train_return": next((r["train_return"] for r in reversed(rows) if r.get("train_return") is not None), None),
             "target_reached_s": self.target_reached_s,
-            "learner_busy": rows[-1].get("learner_busy") if rows else None,
-            "rollout_idle": rows[-1].get("rollout_idle") if rows else None,
+            "learner_busy": trained.get("learner_busy"),
+            "rollout_idle": trained.get("rollout_idle"),
             "staleness_hist": rows[-1].get("staleness_total") if rows else {},
             "rejected_episodes": rows[-1].get("rejected_episodes") if rows else 0,
+            "rejected_turns": rows[-1].get("rejected_turns", 0) if rows else 0,
             "restarts": self.restarts,
             "scale_events": self.scale_events,
             "life": self.top.life if hasattr(self, "top") else None,

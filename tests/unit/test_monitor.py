@@ -39,6 +39,23 @@ def test_training_return_waits_for_enough_episodes_and_reaches_back_for_them(tmp
     assert rows[3]["train_return"] == (13.0 - 0.0) / (32 - 10)
 
 
+def test_a_window_of_episodes_alone_reads_the_same_count_at_any_pace(tmp_path, monkeypatch):
+    """window_s = 0: the mean over the newest snapshots holding at least window_episodes episodes, however long
+    they took to end (what async_vs_sync.py uses, so that a slow run and a fast one are read with equal noise)."""
+    now = [1000.0]
+    monkeypatch.setattr("actors.monitor.time.time", lambda: now[0])
+    log = MetricsLog(tmp_path, window_s=0.0, window_episodes=20)
+    log.snapshot(stats(0, 0.0))
+    rows = []
+    for t, episodes, total in [(1, 10, 0.0), (2, 25, 6.0), (3, 40, 21.0), (300, 45, 26.0)]:
+        now[0] = 1000.0 + t
+        rows.append(log.snapshot(stats(episodes, total)))
+    assert rows[0]["train_return"] is None
+    assert rows[1]["train_return"] == 6.0 / 25  # back to the start: the first 20 episodes reach that far
+    assert rows[2]["train_return"] == (21.0 - 0.0) / (40 - 10)  # t=2 holds only 15: back to t=1
+    assert rows[3]["train_return"] == (26.0 - 6.0) / (45 - 25)  # 5 minutes later, still the last >= 20
+
+
 def test_totals_go_on_across_a_restart_and_after_an_actor_leaves(tmp_path):
     from actors.monitor import MetricsLog
 
