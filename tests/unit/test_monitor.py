@@ -24,15 +24,22 @@ def test_training_return_is_the_mean_over_episodes_in_the_window(tmp_path, monke
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 6
 
 
-def test_training_return_waits_for_enough_episodes_and_reaches_back_for_them(tmp_path, monkeypatch):
+def snapshots(tmp_path, monkeypatch, series, **window) -> list[dict]:
+    """The rows of a fresh log given (seconds, episodes ended, their return sum) after a first empty snapshot."""
     now = [1000.0]
     monkeypatch.setattr("actors.monitor.time.time", lambda: now[0])
-    log = MetricsLog(tmp_path, window_s=30.0, window_episodes=20)
+    log = MetricsLog(tmp_path, **window)
     log.snapshot(stats(0, 0.0))
     rows = []
-    for t, episodes, total in [(10, 10, 0.0), (40, 15, 5.0), (80, 30, 11.0), (120, 32, 13.0)]:
+    for t, episodes, total in series:
         now[0] = 1000.0 + t
         rows.append(log.snapshot(stats(episodes, total)))
+    return rows
+
+
+def test_training_return_waits_for_enough_episodes_and_reaches_back_for_them(tmp_path, monkeypatch):
+    rows = snapshots(tmp_path, monkeypatch, [(10, 10, 0.0), (40, 15, 5.0), (80, 30, 11.0), (120, 32, 13.0)],
+                     window_s=30.0, window_episodes=20)
     assert rows[0]["train_return"] is None and rows[1]["train_return"] is None  # fewer than 20 episodes ended
     assert rows[2]["train_return"] == 11.0 / 20  # from t=10: the 30 s window alone would hold 15 episodes
     # at t=120 the 30 s window holds 2 episodes; it reaches back to t=10, the newest snapshot >= 20 episodes ago
@@ -42,14 +49,8 @@ def test_training_return_waits_for_enough_episodes_and_reaches_back_for_them(tmp
 def test_a_window_of_episodes_alone_reads_the_same_count_at_any_pace(tmp_path, monkeypatch):
     """window_s = 0: the mean over the newest snapshots holding at least window_episodes episodes, however long
     they took to end (what async_vs_sync.py uses, so that a slow run and a fast one are read with equal noise)."""
-    now = [1000.0]
-    monkeypatch.setattr("actors.monitor.time.time", lambda: now[0])
-    log = MetricsLog(tmp_path, window_s=0.0, window_episodes=20)
-    log.snapshot(stats(0, 0.0))
-    rows = []
-    for t, episodes, total in [(1, 10, 0.0), (2, 25, 6.0), (3, 40, 21.0), (300, 45, 26.0)]:
-        now[0] = 1000.0 + t
-        rows.append(log.snapshot(stats(episodes, total)))
+    rows = snapshots(tmp_path, monkeypatch, [(1, 10, 0.0), (2, 25, 6.0), (3, 40, 21.0), (300, 45, 26.0)],
+                     window_s=0.0, window_episodes=20)
     assert rows[0]["train_return"] is None
     assert rows[1]["train_return"] == 6.0 / 25  # back to the start: the first 20 episodes reach that far
     assert rows[2]["train_return"] == (21.0 - 0.0) / (40 - 10)  # t=2 holds only 15: back to t=1
