@@ -5,7 +5,6 @@ import logging
 import math
 from types import SimpleNamespace
 
-import pyarrow as pa
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
