@@ -399,7 +399,8 @@ class EnvActor:
         return make(cfg.env_name, invalid_penalty=cfg.invalid_penalty, max_retries=cfg.max_retries,
                      retry_penalty=cfg.retry_penalty, **cfg.env_args)
 
-    async def _play(self, seats: list[str], seed: int, learner: str | None = None) -> tuple[list[dict], list[float]] | None:
+    async def _play(self, seats: list[str], seed: int,
+                    learner: str | None = None) -> tuple[list[dict], list[float]] | None:
         """One episode: the agent-turn rows of ``learner``'s seats and every seat's return. A seat is a policy
         (a member or a snapshot: generated) or a fixed opponent's name.
 
@@ -420,7 +421,8 @@ class EnvActor:
             self._stats["errored"] += 1
             return None
 
-    async def _play_episode(self, episode_id: str, seats: list[str], seed: int, learner: str | None) -> tuple[list[dict], list[float]]:
+    async def _play_episode(self, episode_id: str, seats: list[str], seed: int,
+                            learner: str | None) -> tuple[list[dict], list[float]]:
         # a finished game is reset and reused (making one can cost more than playing it); a raising one is not
         game = self._idle_games.pop() if self._idle_games else self._make_game()
         game.reset(seed)

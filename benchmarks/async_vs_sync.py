@@ -1,6 +1,7 @@
 """What asynchrony buys: time to a reward target at eta = 0 (synchronous) and at eta > 0, same config.
 
-    python benchmarks/async_vs_sync.py [--quick] [--etas 0 2 4] [--target 0.4] [--window 256] [--minutes 12] [overrides...]
+    python benchmarks/async_vs_sync.py [--quick] [--etas 0 2 4] [--target 0.4] [--window 256] [--minutes 12]
+                                       [overrides...]
 
 The task is `tool_latency` (envs/tool_latency.py): multi-turn, every tool call takes a log-normal time
 (heavy-tailed: median 0.5 s, sigma 1.5, capped at 30 s) and every turn draws its own generation budget, so
