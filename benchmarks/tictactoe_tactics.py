@@ -26,7 +26,7 @@ import random
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from envs.tictactoe import LINES, MARKS, TicTacToe, format_move
+from envs.tictactoe import LINES, MARKS, TicTacToe, completing, format_move
 
 
 def positions() -> list[TicTacToe]:
@@ -45,16 +45,6 @@ def positions() -> list[TicTacToe]:
                 nxt.step(format_move(cell))
                 stack.append(nxt)
     return found
-
-
-def completing(board, player: int) -> set[int]:
-    """The free cells that would complete a line of ``player``."""
-    cells = set()
-    for line in LINES:
-        marks = [board[i] for i in line]
-        if marks.count(player) == 2 and marks.count(None) == 1:
-            cells.add(line[marks.index(None)])
-    return cells
 
 
 def prompt_ids(tokenizer, games: list[TicTacToe]) -> list[list[int]]:

@@ -11,7 +11,7 @@ import random
 
 from envs.actions import bracket
 from envs.base import Game
-from envs.tictactoe import LINES, format_move
+from envs.tictactoe import LINES, completing, format_move
 
 
 class RandomOpponent:
@@ -73,6 +73,21 @@ class MinimaxOpponent:
         board = _unwrap(game, "tictactoe", self.name).board
         _, moves = _negamax(tuple(board), game.current_player)
         return format_move(self.rng.choice(moves))
+
+
+class GreedyOpponent:
+    """TicTacToe: completes a line of its own when it can, else plays a random legal move. Against it a line
+    left open always loses, where a random player completes it only by chance."""
+
+    name = "greedy"
+
+    def __init__(self, seed: int | None = None):
+        self.rng = random.Random(seed)
+
+    def act(self, game: Game) -> str:
+        board = _unwrap(game, "tictactoe", self.name).board
+        wins = sorted(completing(board, game.current_player))
+        return format_move(self.rng.choice(wins)) if wins else self.rng.choice(game.legal_actions())
 
 
 class KuhnEquilibrium:

@@ -16,7 +16,7 @@ from envs.guess_number import GuessNumber
 from envs.kuhn_poker import KuhnPoker
 from envs.liars_dice import LiarsDice
 from envs.negotiation import SimpleNegotiation
-from envs.opponents import KuhnEquilibrium, MinimaxOpponent, RandomOpponent
+from envs.opponents import GreedyOpponent, KuhnEquilibrium, MinimaxOpponent, RandomOpponent
 from envs.single_agent import SingleAgentGame
 from envs.tictactoe import TicTacToe
 from envs.tool_latency import ToolLatencyTask
@@ -47,7 +47,8 @@ ENVIRONMENTS: dict[str, Registered] = {
                                "sum hidden values via a slow lookup tool (heavy-tailed async latency): [lookup apple]"),
 }
 OPPONENTS: dict[str, Callable[..., object]] = {
-    "random": RandomOpponent, "minimax": MinimaxOpponent, "kuhn_equilibrium": KuhnEquilibrium}
+    "random": RandomOpponent, "minimax": MinimaxOpponent, "greedy": GreedyOpponent,
+    "kuhn_equilibrium": KuhnEquilibrium}
 
 
 def make(name: str, *, invalid_penalty: float = -1.0, max_retries: int = 0, retry_penalty: float = -0.1,

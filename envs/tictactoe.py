@@ -27,6 +27,16 @@ def format_move(cell: int) -> str:
     return bracket(str(cell + 1))
 
 
+def completing(board, player: int) -> set[int]:
+    """The free cells that would complete a line of ``player``."""
+    cells = set()
+    for line in LINES:
+        marks = [board[i] for i in line]
+        if marks.count(player) == 2 and marks.count(None) == 1:
+            cells.add(line[marks.index(None)])
+    return cells
+
+
 class TicTacToe:
     name = "tictactoe"
     num_players = 2

@@ -1,4 +1,4 @@
-"""Single-agent tasks (Guess the Number, Countdown) and the fixed opponents (minimax, Kuhn equilibrium)."""
+"""Single-agent tasks (Guess the Number, Countdown) and the fixed opponents (minimax, greedy, Kuhn equilibrium)."""
 
 import itertools
 from fractions import Fraction
@@ -8,7 +8,7 @@ import pytest
 import envs
 from envs.countdown import Countdown, evaluate, parse_expression
 from envs.guess_number import GuessNumber
-from envs.opponents import KuhnEquilibrium, MinimaxOpponent, _negamax
+from envs.opponents import GreedyOpponent, KuhnEquilibrium, MinimaxOpponent, _negamax
 from tests.unit.test_games import kuhn
 
 
@@ -96,6 +96,18 @@ def test_minimax_takes_a_win_and_blocks_a_loss():
     with pytest.raises(ValueError, match="tictactoe only"):
         MinimaxOpponent().act(envs.make("kuhn_poker"))
 
+
+
+def test_greedy_takes_a_win_and_otherwise_plays_at_random():
+    game = envs.make("tictactoe")
+    game.reset(0)
+    for move in ["[1]", "[5]", "[2]"]:  # O to move: no line of its own to complete, so any free cell
+        game.step(move)
+    assert {GreedyOpponent(seed).act(game) for seed in range(40)} == set(game.legal_actions())
+    game.step("[9]")  # X to move completes its line at 3
+    assert {GreedyOpponent(seed).act(game) for seed in range(10)} == {"[3]"}
+    with pytest.raises(ValueError, match="tictactoe only"):
+        GreedyOpponent().act(envs.make("kuhn_poker"))
 
 def kuhn_value(strategies):
     """Player 0's expected chips when each seat plays its strategy, over all six deals (exact)."""
