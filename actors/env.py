@@ -20,7 +20,9 @@ in ``statistics()["evaluations"]`` and never trained on.
 
 A restarted env actor (``incarnation`` > 0) names its episodes and requests apart from its predecessor's (an
 answer to a dead actor's request is dropped as a stray), and counts as started what its predecessors delivered
-(``started_before``, from replay): their episodes still in flight died with them and are replaced by new ones.
+(``started_before``, per member, from replay): their episodes still in flight died with them and are replaced
+by new ones. In a league, a match request the league took and did not answer before it died goes out again
+(``reissue_match_request``).
 With a ``ledger_dir`` each training episode's id is appended to ``<ledger_dir>/<name>.txt`` once the reward actor
 has acknowledged it: the chaos benchmark's record of what was produced.
 
@@ -87,7 +89,8 @@ class EnvConfig:
     opponent_seat_decay: float = 0.995  # the per-game decay of those scores (about the last 200 games)
     seed: int = 0
     incarnation: int = 0  # how many times this actor was restarted in its run
-    started_before: int = 0  # training episodes its predecessors delivered in this run (a restart's admission)
+    # member -> training episodes its predecessors delivered in this run (a restart's admission)
+    started_before: dict = field(default_factory=dict)
     # Its admission count beyond its own episodes: by default its share of start_version * batch_episodes (what
     # the learner consumed before this life); after a rebalance (a scale of env actors), what the launcher says.
     admission_offset: int | None = None
@@ -115,7 +118,9 @@ class EnvActor:
                        "truncated_actions": 0, "truncated_prompts": 0, "admission_waits": 0,
                        "train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
                        "reissued_requests": 0, "duplicate_completions": 0,
-                       "train_episodes_without_rows": 0, "refused_generations": 0, "stray_matches": 0}
+                       "train_episodes_without_rows": 0, "refused_generations": 0, "stray_matches": 0,
+                       "reissued_match_requests": 0}
+        self._match_request: dict | None = None  # the league's match request this actor waits on
         # Per learning member: its learner's version, and the training episodes started and not dropped (a
         # resumed run counts the episodes its learner consumed).
         self._versions = dict(cfg.start_versions or {cfg.policy_id: cfg.start_version})
@@ -123,7 +128,8 @@ class EnvActor:
         if cfg.admission_offset is not None:
             self._started[cfg.policy_id] = cfg.admission_offset
         self._admission_offset = self._started[cfg.policy_id]  # see ``rebalance``
-        self._started[cfg.policy_id] += cfg.started_before
+        for member, delivered in cfg.started_before.items():
+            self._started[member] += delivered
         self._training_in_flight = 0
         self._drained = False  # set by ``retire`` once every episode it started is delivered or given back
         self._idle_games = [self._make_game()]  # also checks env_name and env_args now
@@ -245,6 +251,15 @@ class EnvActor:
         self._nursery.start_soon(self._reissue, unanswered)
         return len(unanswered)
 
+    def reissue_match_request(self) -> bool:
+        """Send again the match request this actor waits on, if any (the league restarted, and the request may
+        have died with it unanswered); a second answer is dropped as a stray. True if one goes out."""
+        if self._match_request is None:
+            return False
+        self._nursery.start_soon(self._league["requests"].send, self._match_request)
+        self._stats["reissued_match_requests"] += 1
+        return True
+
     def statistics(self) -> dict:
         episodes = max(self._stats["episodes"], 1)
         return {
@@ -315,9 +330,11 @@ class EnvActor:
         if not hasattr(self, "_league"):
             return MatchAssigned(-1, -1, self.cfg.policy_id, self._training_seats())
         request_id = next(self._ids)
-        await self._league["requests"].send(MatchRequest(request_id, self._league["reply_to"], admitted).to_body())
+        self._match_request = MatchRequest(request_id, self._league["reply_to"], admitted).to_body()
+        await self._league["requests"].send(self._match_request)
         while (match := await self._league["matches"].receive()).request_id != request_id:
             self._stats["stray_matches"] += 1
+        self._match_request = None
         if match.learner not in self._started or len(match.seats) != len(self._return_sums):
             raise ValueError(f"the league assigned match {match.match_id} for {match.learner!r} with "
                              f"{len(match.seats)} seats; this actor admits {sorted(self._started)} in "

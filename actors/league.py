@@ -218,6 +218,11 @@ class LeagueActor:
             return None
         return sum(self.payoff.win_rate(member, s) for s in met) / len(met)
 
+    def expect_snapshots(self, asked: dict[str, bool]) -> None:
+        """Snapshots the driver asked for (member -> reset after it) that a predecessor of this league named due
+        and did not see registered: a restarted league does not name them due again."""
+        self._pending_snapshots.update(asked)
+
     def add_snapshot(self, snapshot: str, member: str, version: int, path: str) -> bool:
         """Register a snapshot the member's learner wrote; False (logged) if its checksums do not hold. A reset
         that followed it is recorded with it (the learner resets once the snapshot is on disk)."""

@@ -7,9 +7,13 @@ registers the snapshots they wrote with the league.
 Every main agent plays evaluation games against each fixed opponent of ``eval.opponents`` at the start, every
 ``eval.every_s`` and at the end; their results go to ``metrics.jsonl`` and into the league state.
 
-The health check restarts a dead actor of a member's group (rollout, reward, replay, learner) as a single-policy
-run does (``actors/recovery.py``); a learner that died with a snapshot asked of it is asked again. A dead env
-actor or league ends the run (``run.restart=false``: any dead actor does), with the command that resumes it.
+The health check restarts a dead actor (``run.restart=false``: any dead actor ends the run, with the command that
+resumes it). A member's group (rollout, reward, replay, learner) and the env actors come back as in a
+single-policy run (``actors/recovery.py``); a learner that died with a snapshot asked of it is asked again. The
+league comes back from its state on disk (saved every ``league.args.save_every_s``): the match results it took
+since that save are lost (counted in the summary's ``league_results_lost``); the snapshots and evaluations the
+driver registered since are registered again, and every env actor sends again the match request it may have
+been waiting on.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from pathlib import Path
 
 from actors.base_model import ensure_base_model, tiny_model_config
 from actors.monitor import Evaluation
-from actors.recovery import GroupRecovery, statistics_or_recover
+from actors.league import load_state
+from actors.recovery import GroupRecovery, call_unless_dead, restart_env, statistics_or_recover
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +44,10 @@ class LeagueRun:
         self.asked: dict[str, bool] = {}  # member -> reset: snapshots asked for and not registered yet
         self.restarts: dict[str, int] = {}  # actor -> times restarted after it died
         self.evaluations: list[dict] = []
+        self.open_evaluations: list[Evaluation] = []  # under way: a restarted env actor plays its share again
+        self.training = False
+        self.league_matches = 0  # rated matches in the league's last statistics
+        self.league_results_lost = 0  # taken by a league that died before it saved them
         self.started = None
 
     def model_path(self) -> Path:
@@ -62,11 +71,9 @@ class LeagueRun:
                            for m, mtop in self.top.members.items()}
             self._evaluate("resume" if self.cfg.get("resume") else "start", self.cfg["eval"]["endpoint_games_per_seat"])
             self.started = time.time()
-            for env in self.top.envs:
-                cluster.call(env, "set_training", True)
+            self._set_training(True)
             self._train()
-            for env in self.top.envs:
-                cluster.call(env, "set_training", False)
+            self._set_training(False)
             self._evaluate("final", self.cfg["eval"]["endpoint_games_per_seat"])
         except KeyboardInterrupt:
             interrupted = True
@@ -80,23 +87,56 @@ class LeagueRun:
         """Every actor's statistics; this is also the health check: a dead actor is found here."""
         return statistics_or_recover(self.cluster, self.top.names(), self._recover)
 
+    def _set_training(self, on: bool) -> None:
+        self.training = on
+        for env in self.top.envs:
+            self.cluster.call(env, "set_training", on)
+
     def _recover(self, name: str, error: Exception) -> dict:
-        """Restart a dead actor of a member's group; any other dead actor ends the run, saying how to resume."""
-        member = next((m for m, group in self.groups.items() if group.owns(name)), None)
-        if member is None or not self.cfg["run"].get("restart", True):
-            why = "run.restart is off" if member is not None else "a league run restarts members' actors only"
-            raise RuntimeError(f"the {name} actor died ({type(error).__name__}) and {why}: continue the league "
-                               f"with `tidal league run resume={self.dir}`") from error
+        """Restart a dead actor (README, "Self-play leagues"); with ``run.restart=false``, end the run, saying how
+        to resume it."""
+        if not self.cfg["run"].get("restart", True):
+            raise RuntimeError(f"the {name} actor died ({type(error).__name__}) and run.restart is off: continue "
+                               f"the league with `tidal league run resume={self.dir}`") from error
         log.warning("%s died (%s); restarting it", name, type(error).__name__)
-        self.groups[member].restart(name)
-        if name == self.top.members[member].learner and member in self.asked:  # its snapshot died with it
-            self._ask_snapshot(member, self.asked[member])
-        self.restarts[name] = self.restarts.get(name, 0) + 1
+        incarnation = self.restarts[name] = self.restarts.get(name, 0) + 1
+        if name == self.top.league:
+            self._restart_league()
+        elif name in self.top.envs:
+            restart_env(self.cluster, name, incarnation, {m: top.replay for m, top in self.top.members.items()},
+                        self.training, self.open_evaluations)
+        else:
+            member = next(m for m, group in self.groups.items() if group.owns(name))
+            self.groups[member].restart(name)
+            if name == self.top.members[member].learner and member in self.asked:  # its snapshot died with it
+                self._ask_snapshot(member, self.asked[member])
         return self.cluster.statistics(name)
+
+    def _restart_league(self) -> None:
+        """From its last saved state (a fresh league if it died before its first save)."""
+        try:
+            saved = load_state(self.dir)
+        except FileNotFoundError:
+            saved = None
+        self.cluster.restart(self.top.league, resume=saved is not None)
+        kept = saved["stats"]["matches"] if saved else 0
+        self.league_results_lost += max(self.league_matches - kept, 0)
+        log.warning("the league restarted with %d rated matches; %d taken since its last save are lost", kept,
+                    max(self.league_matches - kept, 0))
+        self.league_matches = kept
+        self.registered = set(saved["snapshots"]) if saved else set()  # the next tick registers the others again
+        self.cluster.call(self.top.league, "expect_snapshots", self.asked)
+        recorded = {e["tag"] for e in saved["evaluations"]} if saved else set()
+        for evaluation in self.evaluations:
+            if evaluation["tag"] not in recorded:
+                self.cluster.call(self.top.league, "record_evaluation", evaluation)
+        for env in self.top.envs:
+            call_unless_dead(self.cluster, env, "reissue_match_request")
 
     def _tick(self) -> dict:
         """Versions to the league, snapshots it wants to the learners, written snapshots to the league."""
         stats = self._stats()
+        self.league_matches = stats[self.top.league]["matches"]
         learners = {m: stats[top.learner] for m, top in self.top.members.items()}
         for member, learner in learners.items():
             for snapshot in learner["snapshots"]:
@@ -134,8 +174,10 @@ class LeagueRun:
         for main in self.mains:
             for opponent in self.cfg["eval"]["opponents"]:
                 evaluation = Evaluation(self.cluster, self.top.envs, f"{tag}-{main}-{opponent}", games, opponent, main)
+                self.open_evaluations.append(evaluation)
                 while (result := evaluation.result(self._tick())) is None:
                     time.sleep(0.2)
+                self.open_evaluations.remove(evaluation)
                 result["minute"] = (time.time() - self.started) / 60 if self.started else 0.0
                 self.evaluations.append(result)
                 self.cluster.call(self.top.league, "record_evaluation", result)
@@ -167,6 +209,7 @@ class LeagueRun:
     def _summarize(self, table: dict | None, interrupted: bool) -> dict:
         summary = {"run_dir": str(self.dir), "interrupted": interrupted,
                    "minutes": (time.time() - self.started) / 60 if self.started else 0.0,
-                   "table": table, "evaluations": self.evaluations, "restarts": self.restarts}
+                   "table": table, "evaluations": self.evaluations, "restarts": self.restarts,
+                   "league_results_lost": self.league_results_lost}
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary

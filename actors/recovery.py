@@ -1,8 +1,8 @@
 """Restarting a dead actor of one policy's group: its rollout actors, reward, replay and learner.
 
 A single-policy run has one such group; a league has one per learning member (the env actors and the league
-are shared, and handled by their run). Each actor comes back at its old addresses (``cluster.restart``), and
-nothing is lost or counted twice (README, "Faults and scaling"):
+are shared: ``restart_env`` serves both kinds of run, and a league run restarts its league). Each actor comes back
+at its old addresses (``cluster.restart``), and nothing is lost or counted twice (README, "Faults and scaling"):
 
 - a rollout actor: the env actors send again every request still unanswered (which only it knew);
 - a reward actor: the env actors send again what it had not acknowledged;
@@ -26,6 +26,21 @@ def call_unless_dead(cluster, name: str, method: str, *args):
         if not cluster.is_dead(error):
             raise
         return None
+
+
+def restart_env(cluster, name: str, incarnation: int, replays: dict[str, str], training: bool,
+                evaluations=()) -> None:
+    """Start env actor ``name`` again. Its episodes in flight died with it: its successor counts what it delivered
+    to each member's replay (``replays``: member -> replay actor) as started (admission) and starts new ones in
+    their place, starts training if the run is training, and plays again its share of each of ``evaluations``
+    (``monitor.Evaluation``) under way."""
+    delivered = {member: cluster.statistics(replay)["received_by_source"].get(name, 0)
+                 for member, replay in replays.items()}
+    cluster.restart(name, incarnation=incarnation, started_before=delivered)
+    if training:
+        cluster.call(name, "set_training", True)
+    for evaluation in evaluations:
+        evaluation.restarted(name)
 
 
 def statistics_or_recover(cluster, names, recover) -> dict[str, dict]:

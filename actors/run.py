@@ -16,7 +16,7 @@ from actors.base_model import ensure_base_model, tiny_model_config
 from actors.control import ControlServer
 from actors.env import admission_share
 from actors.monitor import Evaluation, MetricsLog, plot_learning_curve
-from actors.recovery import GroupRecovery, call_unless_dead, statistics_or_recover
+from actors.recovery import GroupRecovery, call_unless_dead, restart_env, statistics_or_recover
 
 log = logging.getLogger(__name__)
 SCALABLE = ("rollout", "env")
@@ -129,22 +129,13 @@ class Run:
                                f"the run with `tidal launch resume={self.dir}`") from error
         log.warning("%s died (%s); restarting it", name, type(error).__name__)
         if name in self.top.envs:
-            self._restart_env(name)
+            restart_env(self.cluster, name, self.restarts.get(name, 0) + 1,
+                        {self.cfg["env"]["args"]["policy_id"]: self.top.replay}, self.training, self.open_evaluations)
         else:  # rollout, reward, replay, learner: as in every policy's group (actors/recovery.py)
             self.group.restart(name)
         self.restarts[name] = self.restarts.get(name, 0) + 1
         self.metrics.restarted(name)
         return self.cluster.statistics(name)
-
-    def _restart_env(self, name: str) -> None:
-        """Its episodes in flight died with it; its successor counts what it delivered as started (admission),
-        starts new ones in their place, and plays again its share of an evaluation under way."""
-        delivered = self.cluster.statistics(self.top.replay)["received_by_source"].get(name, 0)
-        self.cluster.restart(name, incarnation=self.restarts.get(name, 0) + 1, started_before=delivered)
-        if self.training:
-            self.cluster.call(name, "set_training", True)
-        for evaluation in self.open_evaluations:
-            evaluation.restarted(name)
 
     def _call_unless_dead(self, name: str, method: str, *args):
         return call_unless_dead(self.cluster, name, method, *args)

@@ -77,11 +77,12 @@ def test_a_killed_three_player_league_resumes_with_its_ratings(tiny_model_dir, t
     assert missing.returncode == 2 and "not a league run directory" in missing.stderr
 
 
-def dice_league_on_ray(tiny_model_dir, tmp_path, players: int, max_matches: int, kill: str | None = None,
+def dice_league_on_ray(tiny_model_dir, tmp_path, players: int, max_matches: int, kill: tuple[str, ...] = (),
                        ray=None) -> dict:
     """A Liar's Dice league of ``players`` seats on the session's Ray, a main agent and a main exploiter (reset
-    after every snapshot), run to ``max_matches`` rated matches through ``LeagueRun`` itself; with ``kill``, that
-    actor is SIGKILLed once a third of the matches are played and its learners have checkpointed."""
+    after every snapshot), run to ``max_matches`` rated matches through ``LeagueRun`` itself. The actors named in
+    ``kill`` are SIGKILLed one after another: the first once the learners have checkpointed and a share of the
+    matches is played, each next one once the last is restarted and another share is played."""
     import threading
 
     from actors.cli import load_config
@@ -100,16 +101,17 @@ def dice_league_on_ray(tiny_model_dir, tmp_path, players: int, max_matches: int,
     runner = threading.Thread(target=lambda: outcome.setdefault("summary", run.execute()))
     runner.start()
     try:
-        if kill:
+        for k, name in enumerate(kill):
             def ready():
                 assert runner.is_alive(), "the league ended early"
                 state = league_state(run.dir)
-                return (state is not None and state["stats"]["matches"] >= max_matches // 3
-                        and all(find_checkpoint(run.dir / "members" / m / "policy") for m in ("main", "exploiter")))
+                return (state is not None and state["stats"]["matches"] >= max_matches * (k + 1) // (len(kill) + 2)
+                        and all(find_checkpoint(run.dir / "members" / m / "policy") for m in ("main", "exploiter"))
+                        and all(run.restarts.get(earlier) for earlier in kill[:k]))
 
             while not ready():
                 time.sleep(0.2)
-            os.kill(ray.get(ray.get_actor(kill).pid.remote()), signal.SIGKILL)
+            os.kill(ray.get(ray.get_actor(name).pid.remote()), signal.SIGKILL)
     finally:
         runner.join(timeout=800)
     summary = outcome["summary"]
@@ -140,7 +142,7 @@ def check_dice_league(summary: dict, tmp_path, players: int, max_matches: int) -
 @pytest.mark.timeout(900)
 def test_a_four_player_league_goes_on_after_a_learner_is_killed_and_resets_its_exploiter(ray_session,
                                                                                          tiny_model_dir, tmp_path):
-    summary = dice_league_on_ray(tiny_model_dir, tmp_path, players=4, max_matches=100, kill="learner-main",
+    summary = dice_league_on_ray(tiny_model_dir, tmp_path, players=4, max_matches=100, kill=("learner-main",),
                                  ray=ray_session)
     check_dice_league(summary, tmp_path, players=4, max_matches=100)
     assert summary["restarts"] == {"learner-main": 1}
@@ -148,6 +150,26 @@ def test_a_four_player_league_goes_on_after_a_learner_is_killed_and_resets_its_e
     restarted = next(i for i, row in enumerate(metrics) if row["restarts"])
     assert metrics[-1]["matches"] > metrics[restarted]["matches"]  # the league went on after the restart
     assert metrics[-1]["versions"]["main"] > metrics[restarted]["versions"]["main"]  # and so did its learner
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.timeout(900)
+def test_a_league_goes_on_after_its_league_actor_and_an_env_actor_are_killed(ray_session, tiny_model_dir,
+                                                                              tmp_path):
+    """The league comes back from its saved state with its snapshots and evaluations; the env actor plays on, and
+    the matches it was waiting on or playing are asked for again."""
+    summary = dice_league_on_ray(tiny_model_dir, tmp_path, players=3, max_matches=90, kill=("league", "env-0"),
+                                 ray=ray_session)
+    check_dice_league(summary, tmp_path, players=3, max_matches=90)
+    assert summary["restarts"] == {"league": 1, "env-0": 1}
+    metrics = [json.loads(line) for line in (tmp_path / "dice3" / "metrics.jsonl").read_text().splitlines()]
+    both = next(i for i, row in enumerate(metrics) if row["restarts"] == 2)
+    assert metrics[-1]["matches"] > metrics[both]["matches"]  # matches went on after both restarts
+    assert metrics[-1]["episodes"] > metrics[both]["episodes"]
+    state = league_state(tmp_path / "dice3")
+    assert {e["tag"] for e in state["evaluations"]} == {"start-main-random", "final-main-random"}
+    assert set(state["snapshots"]) == set(summary["table"]["snapshots"])
 
 
 @pytest.mark.slow

@@ -315,15 +315,18 @@ class FakeCluster:
         return 1
 
     def statistics(self, name):
-        return {"name": name, "cursor": 5}
+        return {"name": name, "cursor": 5, "received_by_source": {"env-0": 7}}
 
     def is_dead(self, error):
         return True
 
 
-def test_a_league_run_restarts_a_members_actors_and_refuses_to_restart_an_env_actor_or_the_league(tmp_path):
+def test_a_league_run_restarts_every_kind_of_actor(tmp_path):
+    import json
+
     from actors.cli import load_config
     from actors.launcher import LeagueTopology, Topology
+    from actors.league import STATE_FILE
     from actors.league_run import LeagueRun
     from actors.recovery import GroupRecovery
 
@@ -332,13 +335,39 @@ def test_a_league_run_restarts_a_members_actors_and_refuses_to_restart_an_env_ac
     top.members["main"] = Topology("learner-main", "replay-main", "reward-main", rollouts=["rollout-main-0"])
     run.cluster, run.top, run.asked = cluster, top, {"main": False}
     run.groups = {"main": GroupRecovery(cluster, top.members["main"], top.envs, tmp_path / "l" / "members" / "main")}
-    assert run._recover("rollout-main-0", RuntimeError()) == {"name": "rollout-main-0", "cursor": 5}
+    assert run._recover("rollout-main-0", RuntimeError())["name"] == "rollout-main-0"
     assert ("env-0", "reissue") in cluster.calls  # its unanswered requests are sent again
     run._recover("learner-main", RuntimeError())  # no checkpoint yet: from the base model; replay rewinds
     assert cluster.restarted[-1] == ("learner-main", {"resume": False})
     assert ("replay-main", "rewind", 5) in cluster.calls
     assert ("learner-main", "snapshot", str(run.dir / "league" / "snapshots"), False) in cluster.calls  # asked again
-    assert run.restarts == {"rollout-main-0": 1, "learner-main": 1}
-    for name in ("env-0", "league"):
-        with pytest.raises(RuntimeError, match=f"the {name} actor died .*`tidal league run resume="):
-            run._recover(name, RuntimeError())
+
+    run.training = True  # an env actor: admission per member counts what it delivered; it trains at once
+    run._recover("env-0", RuntimeError())
+    assert cluster.restarted[-1] == ("env-0", {"incarnation": 1, "started_before": {"main": 7}})
+    assert ("env-0", "set_training", True) in cluster.calls
+
+    run._recover("league", RuntimeError())  # died before its first save: a fresh league
+    assert cluster.restarted[-1] == ("league", {"resume": False})
+    (run.dir / "league").mkdir(parents=True)
+    (run.dir / "league" / STATE_FILE).write_text(json.dumps(
+        {"stats": {"matches": 10}, "snapshots": {"main-v2": {}}, "evaluations": [{"tag": "start-main-random"}]}))
+    run.evaluations = [{"tag": "start-main-random"}, {"tag": "during-1-main-random"}]
+    run.league_matches, run.registered, cluster.calls = 14, {"main-v2", "main-v4"}, []
+    run._recover("league", RuntimeError())  # from its saved state: 4 results lost, the rest told again
+    assert cluster.restarted[-1] == ("league", {"resume": True})
+    assert run.league_results_lost == 4 and run.league_matches == 10
+    assert run.registered == {"main-v2"}  # main-v4 is registered again at the next tick
+    assert cluster.calls == [("league", "expect_snapshots", {"main": False}),
+                             ("league", "record_evaluation", {"tag": "during-1-main-random"}),
+                             ("env-0", "reissue_match_request")]
+    assert run.restarts == {"rollout-main-0": 1, "learner-main": 1, "env-0": 1, "league": 2}
+
+
+def test_a_league_run_with_restarts_off_ends_saying_how_to_resume(tmp_path):
+    from actors.cli import load_config
+    from actors.league_run import LeagueRun
+
+    run = LeagueRun(load_config([f"run.dir={tmp_path}", "run.name=l", "run.restart=false"], "league"))
+    with pytest.raises(RuntimeError, match="the league actor died .*run.restart is off.*`tidal league run resume="):
+        run._recover("league", RuntimeError())
