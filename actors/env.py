@@ -142,6 +142,7 @@ class EnvActor:
 
         self.tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, self.cfg.tokenizer_path)
         self.codec = TokenCodec(self.tokenizer)
+        self._max_new_tokens = move_token_budget(self._idle_games[0], self.codec, self.cfg.max_new_tokens)
         self._training_on = trio.Event()  # set while training episodes may start
         self._admission_changed = trio.Event()
         rollouts, rewards = (by_member(peers[key], self.cfg.policy_id) for key in ("rollout", "reward"))
@@ -494,7 +495,7 @@ class EnvActor:
         if self.cfg.max_prompt_tokens and len(prompt_ids) > self.cfg.max_prompt_tokens:
             prompt_ids = prompt_ids[-self.cfg.max_prompt_tokens:]
             self._stats["truncated_prompts"] += 1
-        completion = await self._generate(prompt_ids, max_tokens or self.cfg.max_new_tokens, policy)
+        completion = await self._generate(prompt_ids, max_tokens or self._max_new_tokens, policy)
         self._stats["turns"] += 1
         self._stats["truncated_actions"] += not completion.finished
         return {
@@ -543,6 +544,20 @@ class EnvActor:
             if not slot:  # answered (or ended) since reissue() was called: nothing to send
                 await self._requests[group].send(body)
                 self._stats["reissued_requests"] += 1
+
+
+def move_token_budget(game, codec: TokenCodec, configured: int) -> int:
+    """Tokens a turn may generate: ``configured``, raised (with a log line) to fit the game's longest move and
+    EOS when the game lists its moves (``action_vocabulary()``), so that no legal move is cut off as invalid."""
+    vocabulary = getattr(game, "action_vocabulary", None)
+    if vocabulary is None:
+        return configured
+    longest = max(vocabulary(), key=lambda action: len(codec.encode(action)), default="")
+    needed = len(codec.encode(longest)) + 1  # and EOS
+    if needed > configured:
+        log.info("max_new_tokens=%d leaves no room for %s's longest move %r (%d tokens and EOS): generating up to %d",
+                 configured, getattr(game, "name", "the game"), longest, needed - 1, needed)
+    return max(configured, needed)
 
 
 def admission_share(allowance: int, i: int, n: int) -> int:

@@ -336,3 +336,22 @@ def test_an_evaluation_plays_every_game_once_and_counts_the_errored_apart(tiny_m
     assert FlakyTicTacToe.episodes == 50  # each game reset once: played once
     assert result["summary"]["done"] and stats["errored"] == 25 and stats["episodes"] == 25
     assert sum(seats[s]["games"] for s in seats) == 25 and set(seats) <= {0, 1}
+
+
+def test_the_token_budget_is_raised_to_fit_the_games_longest_move(tiny_model_dir):
+    """Six players with two dice each bid up to ``[bid 12 6]``: more tokens than a budget of 4 holds, so every
+    request asks for the longest move and EOS; a budget that holds every move is kept as configured."""
+    from envs.liars_dice import LiarsDice
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    moves = LiarsDice(players=6).action_vocabulary()
+    assert "[bid 12 6]" in moves
+    needed = max(len(tokenizer(move, add_special_tokens=False)["input_ids"]) for move in moves) + 1
+    assert needed > 4
+    requests = []
+    run_episodes(tiny_model_dir, "[liar]", episodes=2, record_requests=requests, env_name="liars_dice",
+                 max_new_tokens=4, env_args={"players": 6})
+    assert requests and {r.max_tokens for r in requests} == {needed}
+    requests.clear()
+    run_episodes(tiny_model_dir, "[5]", episodes=2, record_requests=requests, max_new_tokens=8)
+    assert requests and {r.max_tokens for r in requests} == {8}
