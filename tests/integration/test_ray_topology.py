@@ -30,7 +30,6 @@ def test_real_topology_learns_from_its_own_episodes(ray_session, tiny_model_dir,
 
 
 def test_malformed_frames_are_dropped_and_counted(ray_session, tiny_model_dir, tmp_path):
-    cfg = small_config(tmp_path)
     cluster = RayCluster()
     try:
         from actors.launcher import RewardActor, RewardConfig
