@@ -38,6 +38,7 @@ from streams.wire import Kind
 
 log = logging.getLogger(__name__)
 STATE_FILE = "league_state.json"
+JOURNAL_FILE = "league_results.jsonl"  # every match result, appended before it is rated
 
 
 @dataclass
@@ -104,8 +105,12 @@ class LeagueActor:
         self._stats = {"matches": 0, "requests": 0, "results": 0, "errored_matches": 0, "unrated_matches": 0,
                        "refused_snapshots": 0, "saves": 0}
         self._next_match = 0
+        self.journal_path = Path(cfg.state_dir) / JOURNAL_FILE
+        self._journal = None  # opened at the first result
         if cfg.resume:
             self._load()
+        else:
+            self.journal_path.unlink(missing_ok=True)
 
     # -- the loop ---------------------------------------------------------------------------------------
 
@@ -124,6 +129,8 @@ class LeagueActor:
                 task_status.started({"requests": requests.address, "results": results.address})
         finally:
             self.save()
+            if self._journal is not None:
+                self._journal.close()
 
     async def _assign(self, transport) -> None:
         async with contextlib.AsyncExitStack() as stack:
@@ -143,7 +150,8 @@ class LeagueActor:
     async def _save_every(self) -> None:
         while True:
             await trio.sleep(self.cfg.save_every_s)
-            await trio.to_thread.run_sync(self.save)
+            state = json.dumps(self.state())  # on the loop, between two results: it matches the journal's count
+            await trio.to_thread.run_sync(self._write_state, state)
 
     # -- matches ----------------------------------------------------------------------------------------
 
@@ -167,7 +175,17 @@ class LeagueActor:
         return match
 
     def record(self, result: MatchResult) -> None:
-        """Payoff and ratings after one match."""
+        """Payoff and ratings after one match. The result goes to the journal first: a league restarted from its
+        last saved state replays the results it took after it, so none is lost."""
+        if self._journal is None:
+            self.journal_path.parent.mkdir(parents=True, exist_ok=True)
+            self._journal = open(self.journal_path, "a")
+        self._journal.write(json.dumps([result.match_id, result.learner, result.seats, result.returns,
+                                        result.errored]) + "\n")
+        self._journal.flush()  # in the OS's hands: a killed process loses none of it
+        self._apply(result)
+
+    def _apply(self, result: MatchResult) -> None:
         self._stats["results"] += 1
         if result.errored:
             self._stats["errored_matches"] += 1
@@ -265,10 +283,13 @@ class LeagueActor:
                 "next_match": self._next_match, "stats": self._stats, "saved_at": time.time()}
 
     def save(self) -> None:
+        self._write_state(json.dumps(self.state()))
+
+    def _write_state(self, state: str) -> None:
         """Write the state to a new file and rename it over the last: a kill leaves one or the other whole."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fresh = self.path.with_suffix(".json.new")
-        fresh.write_text(json.dumps(self.state()))
+        fresh.write_text(state)
         os.replace(fresh, self.path)
         self._stats["saves"] += 1
 
@@ -287,8 +308,23 @@ class LeagueActor:
         self._next_match = state["next_match"]
         self.resets = state.get("resets", [])
         self._stats.update(state["stats"])
-        log.info("league resumed: %d matches, %d snapshots, %d rated players", self._stats["matches"],
-                 len(self.snapshots), len(self.ratings))
+        replayed = self._replay_journal()
+        log.info("league resumed: %d matches, %d snapshots, %d rated players (%d results replayed from the journal)",
+                 self._stats["matches"], len(self.snapshots), len(self.ratings), replayed)
+
+    def _replay_journal(self) -> int:
+        """Apply the journaled results after the saved state's; a torn last line (a kill mid-write) is cut off."""
+        if not self.journal_path.exists():
+            return 0
+        text = self.journal_path.read_text()
+        complete = text[:text.rfind("\n") + 1]
+        if complete != text:
+            self.journal_path.write_text(complete)
+        entries = [json.loads(line) for line in complete.splitlines()]
+        pending = entries[self._stats["results"]:]
+        for entry in pending:
+            self._apply(MatchResult(*entry))
+        return len(pending)
 
     def statistics(self) -> dict:
         inboxes = getattr(self, "_inboxes", {})

@@ -10,10 +10,10 @@ Every main agent plays evaluation games against each fixed opponent of ``eval.op
 The health check restarts a dead actor (``run.restart=false``: any dead actor ends the run, with the command that
 resumes it). A member's group (rollout, reward, replay, learner) and the env actors come back as in a
 single-policy run (``actors/recovery.py``); a learner that died with a snapshot asked of it is asked again. The
-league comes back from its state on disk (saved every ``league.args.save_every_s``): the match results it took
-since that save are lost (counted in the summary's ``league_results_lost``); the snapshots and evaluations the
-driver registered since are registered again, and every env actor sends again the match request it may have
-been waiting on.
+league comes back from its state on disk (saved every ``league.args.save_every_s``) and replays the match results
+it journaled after it (``league_results_lost`` in the summary counts any the restart did not bring back); the
+snapshots and evaluations the driver registered since are registered again, and every env actor sends again the
+match request it may have been waiting on.
 """
 
 from __future__ import annotations
@@ -119,10 +119,9 @@ class LeagueRun:
         except FileNotFoundError:
             saved = None
         self.cluster.restart(self.top.league, resume=saved is not None)
-        kept = saved["stats"]["matches"] if saved else 0
+        kept = self.cluster.statistics(self.top.league)["matches"]  # its saved state and its journal's results
         self.league_results_lost += max(self.league_matches - kept, 0)
-        log.warning("the league restarted with %d rated matches; %d taken since its last save are lost", kept,
-                    max(self.league_matches - kept, 0))
+        log.warning("the league restarted with %d rated matches (%d before it died)", kept, self.league_matches)
         self.league_matches = kept
         self.registered = set(saved["snapshots"]) if saved else set()  # the next tick registers the others again
         self.cluster.call(self.top.league, "expect_snapshots", self.asked)
@@ -141,19 +140,27 @@ class LeagueRun:
         for member, learner in learners.items():
             for snapshot in learner["snapshots"]:
                 if snapshot["id"] not in self.registered:
-                    self.cluster.call(self.top.league, "add_snapshot", snapshot["id"], member, snapshot["version"],
-                                      snapshot["path"])
+                    if self._call_league("add_snapshot", snapshot["id"], member, snapshot["version"],
+                                         snapshot["path"]) is None:
+                        return stats  # the league died since the health check: the next one restarts it
                     self.registered.add(snapshot["id"])
                     self.asked.pop(member, None)
-        due = self.cluster.call(self.top.league, "observe", {m: s["version"] for m, s in learners.items()})
+        due = self._call_league("observe", {m: s["version"] for m, s in learners.items()}) or {}
         for member, reset in due.items():
             self.asked[member] = reset
             self._ask_snapshot(member, reset)
         return stats
 
     def _ask_snapshot(self, member: str, reset: bool) -> None:
-        """Ask ``member``'s learner for a snapshot (and, with ``reset``, to start again from the base model)."""
-        self.cluster.call(self.top.members[member].learner, "snapshot", str(self.dir / "league" / "snapshots"), reset)
+        """Ask ``member``'s learner for a snapshot (and, with ``reset``, to start again from the base model); a
+        learner that died meanwhile is asked again by its restart."""
+        call_unless_dead(self.cluster, self.top.members[member].learner, "snapshot",
+                         str(self.dir / "league" / "snapshots"), reset)
+
+    def _call_league(self, method: str, *args):
+        """Call the league; None if it died since the last health check (the next one restarts it, and the
+        restart registers again what it had not saved)."""
+        return call_unless_dead(self.cluster, self.top.league, method, *args)
 
     def _train(self) -> None:
         run, ev = self.cfg["run"], self.cfg["eval"]
@@ -180,7 +187,7 @@ class LeagueRun:
                 self.open_evaluations.remove(evaluation)
                 result["minute"] = (time.time() - self.started) / 60 if self.started else 0.0
                 self.evaluations.append(result)
-                self.cluster.call(self.top.league, "record_evaluation", result)
+                self._call_league("record_evaluation", result)
                 self._write_metrics(self._stats(), evaluation=result)
                 log.info("evaluation %s: %s wins %.3f against %s", result["tag"], main, result["win_rate"], opponent)
 

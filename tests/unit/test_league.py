@@ -234,6 +234,26 @@ def test_league_state_survives_a_restart_with_its_ratings(tmp_path):
         LeagueActor(LeagueConfig(members=other, state_dir=str(tmp_path), resume=True))
 
 
+
+def test_a_restarted_league_replays_the_results_it_journaled_after_its_last_save(tmp_path):
+    from actors.league import JOURNAL_FILE
+
+    actor = league(tmp_path)
+    for i in range(10):
+        if i == 7:
+            actor.save()  # the last save before a kill: three results after it
+        actor.record(MatchResult(i, "main", ["main", "random"] if i % 3 else ["random", "main"], [1.0, -1.0]))
+    with open(tmp_path / JOURNAL_FILE, "a") as journal:
+        journal.write('[10, "main", ["main", "ran')  # killed in the middle of a line
+    again = league(tmp_path, resume=True)
+    assert again.table()["matches"] == 10 and again.table()["ratings"] == actor.table()["ratings"]
+    assert again.payoff.win_rate("main", "random") == actor.payoff.win_rate("main", "random")
+    assert [h["matches"] for h in again.history] == [h["matches"] for h in actor.history]
+    assert (tmp_path / JOURNAL_FILE).read_text().count("\n") == 10  # the torn line is cut off
+    again.record(MatchResult(10, "main", ["main", "random"], [0.0, 0.0]))
+    assert league(tmp_path, resume=True).table()["matches"] == 11
+    assert league(tmp_path).table()["matches"] == 0 and not (tmp_path / JOURNAL_FILE).exists()  # a new league
+
 def test_six_player_matches_seat_the_learner_once_and_draw_every_other_seat(tmp_path):
     actor = LeagueActor(LeagueConfig(members=MEMBERS[:1] + MEMBERS[2:], state_dir=str(tmp_path), players=6,
                                      matchmaking={"self_play": 0.0, "fixed": 1.0, "fixed_opponents": ["random"]}))
@@ -315,7 +335,7 @@ class FakeCluster:
         return 1
 
     def statistics(self, name):
-        return {"name": name, "cursor": 5, "received_by_source": {"env-0": 7}}
+        return {"name": name, "cursor": 5, "received_by_source": {"env-0": 7}, "matches": 10}
 
     def is_dead(self, error):
         return True
@@ -354,7 +374,7 @@ def test_a_league_run_restarts_every_kind_of_actor(tmp_path):
         {"stats": {"matches": 10}, "snapshots": {"main-v2": {}}, "evaluations": [{"tag": "start-main-random"}]}))
     run.evaluations = [{"tag": "start-main-random"}, {"tag": "during-1-main-random"}]
     run.league_matches, run.registered, cluster.calls = 14, {"main-v2", "main-v4"}, []
-    run._recover("league", RuntimeError())  # from its saved state: 4 results lost, the rest told again
+    run._recover("league", RuntimeError())  # from its saved state (and journal): 10 of 14 results came back
     assert cluster.restarted[-1] == ("league", {"resume": True})
     assert run.league_results_lost == 4 and run.league_matches == 10
     assert run.registered == {"main-v2"}  # main-v4 is registered again at the next tick
