@@ -14,6 +14,8 @@ Last line: ``tactical_x=<mean prob> tactical_o=<mean prob> priority_x=<share> pr
 opponent: the non-loss a policy reaches that plays a fixed order and reads no threat at all.
 ``--supervised STEPS`` then asks whether the model can learn to win and block at all: it fine-tunes the
 policy for STEPS steps of cross-entropy on minimax-optimal moves (batches of 128 positions) and scores it again.
+With ``--tactics-only`` it trains on the positions to win or block in only, towards a winning move (else a
+blocking one): the signal on threats alone, undiluted by the many positions where every move is as good.
 """
 
 from __future__ import annotations
@@ -110,11 +112,17 @@ def move_value(board: tuple, player: int, cell: int) -> int:
     return -minimax(after, 1 - player)
 
 
-def supervise(model, tokenizer, games: list[TicTacToe], steps: int, lr: float = 1e-3, seed: int = 0) -> None:
-    """Cross-entropy on a minimax-optimal move text (one drawn among the best) after each position's prompt."""
+def supervise(model, tokenizer, games: list[TicTacToe], steps: int, lr: float = 1e-3, seed: int = 0,
+              tactics_only: bool = False) -> None:
+    """Cross-entropy on a minimax-optimal move text (one drawn among the best) after each position's prompt;
+    ``tactics_only``: on the positions with a line to complete or block, towards completing (else blocking) it."""
     rng = random.Random(seed)
     best = []
-    for game in games:
+    if tactics_only:
+        games = [g for g in games if completing(g.board, g.current_player) or completing(g.board, 1 - g.current_player)]
+        best = [sorted(completing(g.board, g.current_player) or completing(g.board, 1 - g.current_player))
+                for g in games]
+    for game in games if not tactics_only else ():
         values = {c: move_value(tuple(game.board), game.current_player, c) for c in range(9) if game.board[c] is None}
         best.append([c for c, v in values.items() if v == max(values.values())])
     prompts, moves = prompt_ids(tokenizer, games), move_ids(tokenizer)
@@ -165,6 +173,8 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=0, help="first, the best of this many fixed cell orders")
     parser.add_argument("--supervised", type=int, default=0, metavar="STEPS",
                         help="then fine-tune on minimax moves for STEPS steps and score again")
+    parser.add_argument("--tactics-only", action="store_true",
+                        help="--supervised on the positions to win or block in only")
     args = parser.parse_args()
     if args.orders:
         best_order(args.orders, random.Random(0))
@@ -173,8 +183,9 @@ def main() -> None:
     games = positions()
     if args.supervised:
         report(model, tokenizer, games, args.temperature)
-        supervise(model, tokenizer, games, args.supervised)
-        print(f"after {args.supervised} supervised steps on minimax moves:")
+        supervise(model, tokenizer, games, args.supervised, tactics_only=args.tactics_only)
+        target = "winning or blocking moves" if args.tactics_only else "minimax moves"
+        print(f"after {args.supervised} supervised steps on {target}:")
     report(model, tokenizer, games, args.temperature)
 
 
