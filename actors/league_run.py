@@ -59,8 +59,6 @@ class LeagueRun:
     def execute(self) -> dict:
         from actors.launcher import build_league_topology, open_cluster
 
-        if self.cfg["rollout"]["backend"] != "hf":
-            raise ValueError("a league serves snapshots with rollout.backend=hf only (vllm serves one policy)")
         model_path = self.model_path()
         cluster = open_cluster(self.cfg)
         interrupted = False

@@ -13,10 +13,12 @@ version of every token, each completion sent to the address named in its request
 Either way a request waits until the actor holds weights at least as new as its ``min_version``, so no
 token is older than the learner version its env actor acted on.
 
-In a league the actor also serves its member's frozen snapshots (``hf``): a request whose ``policy_id`` is a
-snapshot id ``<policy_id>-v<n>`` is sampled with that snapshot's weights, loaded from ``snapshot_dir`` on first
-use (checked against its checksums) and kept, up to ``max_snapshots`` of them, the least recently used out.
-Its tokens carry the snapshot's version. One process serves the live policy and every snapshot.
+In a league the actor also serves its member's frozen snapshots: a request whose ``policy_id`` is a snapshot id
+``<policy_id>-v<n>`` is sampled with that snapshot's weights, loaded from ``snapshot_dir`` on first use (checked
+against its checksums) and kept, up to ``max_snapshots`` of them, the least recently used out. Its tokens carry
+the snapshot's version. One process serves the live policy and every snapshot; snapshots are sampled by the
+``hf`` sampler with either backend (with ``vllm``, beside the engine, in batches of the snapshot requests that
+are waiting: the engine holds one set of weights, the live policy's).
 """
 
 from __future__ import annotations
@@ -94,8 +96,8 @@ class RolloutActor:
         self._snapshots: OrderedDict[str, tuple] = OrderedDict()  # snapshot id -> (model, version), LRU
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        engine = await trio.to_thread.run_sync(self._load)  # hf: (model, tokenizer); vllm: a VllmSampler
-        self._sampler = engine if self.cfg.backend == "vllm" else None
+        engine = await trio.to_thread.run_sync(self._load)  # hf: (model, tokenizer); vllm: (a VllmSampler, tokenizer)
+        self._sampler = engine[0] if self.cfg.backend == "vllm" else None
         queue_in, queue_out = trio.open_memory_channel(4 * self.cfg.max_batch)
         completions_in, completions_out = trio.open_memory_channel(self.cfg.max_batch)
         self._queue, self._weights_arrived, self._version_changed = queue_out, trio.Event(), trio.Event()
@@ -114,26 +116,29 @@ class RolloutActor:
                 nursery.start_soon(self._follow_weights, manifests)
                 nursery.start_soon(self._send_completions, completions_out, transport)
                 if self.cfg.backend == "vllm":
-                    nursery.start_soon(self._apply_weights, engine)
-                    nursery.start_soon(self._serve_streams, queue_out, engine, completions_in)
+                    snapshots_in, snapshots_out = trio.open_memory_channel(4 * self.cfg.max_batch)
+                    nursery.start_soon(self._apply_weights, self._sampler)
+                    nursery.start_soon(self._serve_streams, queue_out, self._sampler, completions_in, snapshots_in)
+                    nursery.start_soon(self._serve_snapshots, snapshots_out, engine[1], completions_in)
                 else:
                     nursery.start_soon(self._serve_batches, queue_out, *engine, completions_in)
                 task_status.started({"requests": requests.address})
         finally:
             if self.cfg.backend == "vllm":
                 with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(engine.close)
+                    await trio.to_thread.run_sync(self._sampler.close)
 
     def _load(self):
+        torch.set_num_threads(self.cfg.threads)
         if self.cfg.backend == "vllm":
             from transformers import AutoTokenizer
 
             from actors.vllm_engine import VllmSampler
 
-            eos_id = AutoTokenizer.from_pretrained(self.cfg.model_path).eos_token_id
-            return VllmSampler(self.cfg.model_path, eos_id, options=self.cfg.vllm, threads=self.cfg.threads,
-                               max_seqs=self.cfg.max_batch, seed=self.cfg.seed, name=self.name)
-        torch.set_num_threads(self.cfg.threads)
+            tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_path)
+            return VllmSampler(self.cfg.model_path, tokenizer.eos_token_id, options=self.cfg.vllm,
+                               threads=self.cfg.threads, max_seqs=self.cfg.max_batch, seed=self.cfg.seed,
+                               name=self.name), tokenizer
         return load_policy(self.cfg.model_path)
 
     async def _queue_requests(self, queue_in) -> None:
@@ -208,14 +213,30 @@ class RolloutActor:
                 await self._catch_up(model, max(request.min_version for request in live))
                 for answer in await self._generate(model, tokenizer, live, generator):
                     await completions.send(answer)
-            for policy, requests in self._by_snapshot([r for r in batch if r.policy_id != self.cfg.policy_id]):
-                snapshot, refusal = await self._snapshot(policy)
-                if snapshot is None:  # each request is answered with the reason; its env drops that episode
-                    for request in requests:
-                        await completions.send((Completion.refused(request.request_id, refusal), request))
-                    continue
-                for answer in await self._generate(snapshot[0], tokenizer, requests, generator, snapshot[1]):
-                    await completions.send(answer)
+            await self._sample_snapshots([r for r in batch if r.policy_id != self.cfg.policy_id], tokenizer,
+                                         generator, completions)
+
+    async def _serve_snapshots(self, queue_out, tokenizer, completions) -> None:
+        """vllm: the snapshot requests that are waiting, in one batch at a time, beside the engine."""
+        generator = torch.Generator().manual_seed(self.cfg.seed)
+        while True:
+            batch = [await queue_out.receive()]
+            while len(batch) < self.cfg.max_batch:
+                try:
+                    batch.append(queue_out.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            await self._sample_snapshots(batch, tokenizer, generator, completions)
+
+    async def _sample_snapshots(self, requests: list[GenerationRequest], tokenizer, generator, completions) -> None:
+        for policy, group in self._by_snapshot(requests):
+            snapshot, refusal = await self._snapshot(policy)
+            if snapshot is None:  # each request is answered with the reason; its env drops that episode
+                for request in group:
+                    await completions.send((Completion.refused(request.request_id, refusal), request))
+                continue
+            for answer in await self._generate(snapshot[0], tokenizer, group, generator, snapshot[1]):
+                await completions.send(answer)
 
     @staticmethod
     def _by_snapshot(requests: list[GenerationRequest]) -> list[tuple[str, list[GenerationRequest]]]:
@@ -246,13 +267,17 @@ class RolloutActor:
             self._snapshots.popitem(last=False)
         return self._snapshots[policy], ""
 
-    async def _serve_streams(self, queue_out, sampler, completions) -> None:
-        """vllm: every request a task of its own, up to ``max_batch`` in flight; the engine batches them."""
+    async def _serve_streams(self, queue_out, sampler, completions, snapshots) -> None:
+        """vllm: every request for the live policy a task of its own, up to ``max_batch`` in flight; the engine
+        batches them. Requests for snapshots go to ``snapshots`` (``_serve_snapshots``)."""
         slots = trio.Semaphore(self.cfg.max_batch)
         async with trio.open_nursery() as nursery:
             while True:
                 idle_from = time.perf_counter()
                 request = await queue_out.receive()
+                if request.policy_id != self.cfg.policy_id:
+                    await snapshots.send(request)
+                    continue
                 if slots.value == self.cfg.max_batch:  # nothing was in flight while it waited
                     self._stats["idle_s"] += time.perf_counter() - idle_from
                 await slots.acquire()
@@ -260,11 +285,6 @@ class RolloutActor:
 
     async def _answer(self, request: GenerationRequest, sampler, completions, slots: trio.Semaphore) -> None:
         try:
-            if request.policy_id != self.cfg.policy_id:  # snapshots are served by the hf backend only
-                self._stats["unknown_policy"] = self._stats.get("unknown_policy", 0) + 1
-                reason = f"{self.name} (vllm) serves {self.cfg.policy_id!r} only, not {request.policy_id!r}"
-                await completions.send((Completion.refused(request.request_id, reason), request))
-                return
             await self._wait_for_version(request.min_version)
             try:
                 s = await sampler.sample(request.prompt_ids, temperature=request.temperature,

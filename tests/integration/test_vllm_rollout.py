@@ -34,8 +34,8 @@ BOARD = "TicTacToe. You are {mark}.\n{board}\nMove:"
 class Rig:
     """One vLLM rollout actor and the learner's ends of its streams, on a trio loop in a thread."""
 
-    def __init__(self, model_dir, weights_dir):
-        self.model_dir, self.weights_dir = str(model_dir), str(weights_dir)
+    def __init__(self, model_dir, weights_dir, snapshot_dir):
+        self.model_dir, self.weights_dir, self.snapshot_dir = str(model_dir), str(weights_dir), str(snapshot_dir)
         self.ids = itertools.count()
         self.loop = _LoopThread("vllm-rig")
         self.loop.start(self._serve)
@@ -49,7 +49,8 @@ class Rig:
         ):
             self.weights = WeightsPublisher("learner", "main", Outbox(publisher, Kind.WEIGHTS, "learner",
                                             topic=WEIGHTS_TOPIC + b"main"), "tcp://127.0.0.1:9", self.weights_dir)
-            self.rollout = RolloutActor(RolloutConfig(model_path=self.model_dir, backend="vllm", max_batch=64))
+            self.rollout = RolloutActor(RolloutConfig(model_path=self.model_dir, backend="vllm", max_batch=64,
+                                                      snapshot_dir=self.snapshot_dir))
             addresses = await nursery.start(self.rollout.run, transport, {"weights": [publisher.address]})
             self.reply_to, self.replies = completions.address, Inbox(completions, Kind.COMPLETION,
                                                                      Completion.from_body)
@@ -61,10 +62,12 @@ class Rig:
     def run(self, async_fn, *args, **kwargs):
         return trio.from_thread.run(functools.partial(async_fn, *args, **kwargs), trio_token=self.loop.token)
 
-    async def generate(self, prompts, *, temperature=1.0, max_tokens=8, min_version=0) -> list[Completion]:
+    async def generate(self, prompts, *, temperature=1.0, max_tokens=8, min_version=0,
+                       policies=None) -> list[Completion]:
+        """``policies``: one per prompt (``main`` or a snapshot id), else ``main`` for all."""
         ids = [next(self.ids) for _ in prompts]
-        for request_id, prompt in zip(ids, prompts):
-            await self.requests.send(GenerationRequest(request_id, self.reply_to, "main", prompt, temperature,
+        for request_id, prompt, policy in zip(ids, prompts, policies or ["main"] * len(prompts)):
+            await self.requests.send(GenerationRequest(request_id, self.reply_to, policy, prompt, temperature,
                                                        max_tokens, min_version).to_body())
         got = {}
         while len(got) < len(ids):
@@ -87,7 +90,7 @@ class Rig:
 
 @pytest.fixture(scope="module")
 def rig(tiny_model_dir, tmp_path_factory):
-    rig = Rig(tiny_model_dir, tmp_path_factory.mktemp("weights"))
+    rig = Rig(tiny_model_dir, tmp_path_factory.mktemp("weights"), tmp_path_factory.mktemp("snapshots"))
     yield rig
     rig.close()
 
@@ -211,3 +214,34 @@ def test_a_request_the_engine_refuses_is_answered_with_the_reason_and_the_actor_
     assert bad.error and "temperature" in bad.error and bad.token_ids == []
     assert all(not c.error and c.token_ids for c in good)
     assert rig.rollout.statistics()["refused_requests"] == refused_before + 1
+
+
+def test_snapshots_are_sampled_beside_the_engine_with_their_own_weights(rig, tokenizer, tiny_model_dir):
+    """A league's member on vLLM: requests for a snapshot of its policy are sampled (by the hf sampler, with
+    the snapshot's weights) in the same actor, mixed with the live policy's; a snapshot that is not there is
+    refused with the reason."""
+    from actors.base_model import load_policy
+    from actors.snapshots import write_snapshot
+
+    model, _ = load_policy(tiny_model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # weights of its own
+    write_snapshot(model, tokenizer, f"{rig.snapshot_dir}/main-v3")
+    prompts = boards(tokenizer, 6)
+    policies = ["main", "main-v3", "main", "main-v3", "main-v9", "main"]
+    completions = rig.run(rig.generate, prompts, policies=policies)
+    live = rig.rollout.statistics()["version"]
+    for completion, policy, prompt in zip(completions, policies, prompts):
+        if policy == "main-v9":
+            assert "not a snapshot" in completion.error and not completion.token_ids
+        else:
+            assert not completion.error and completion.token_ids
+            assert set(completion.versions) == ({3} if policy == "main-v3" else {live})
+    snapshot = [(p, c) for p, c, policy in zip(prompts, completions, policies) if policy == "main-v3"]
+    for prompt, completion in snapshot:  # the behaviour log-probs are the snapshot's, not the live policy's
+        ids = torch.tensor([prompt + completion.token_ids])
+        with torch.no_grad():
+            logps = torch.log_softmax(model(ids).logits[0, len(prompt) - 1:-1].float(), -1)
+        picked = logps.gather(-1, torch.tensor(completion.token_ids)[:, None])[:, 0]
+        assert picked.tolist() == pytest.approx(completion.logprobs, abs=1e-4)
