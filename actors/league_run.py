@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from actors.base_model import ensure_base_model, tiny_model_config
-from actors.monitor import Evaluation
+from actors.monitor import ContinuedCounters, Evaluation
 from actors.league import load_state
 from actors.recovery import GroupRecovery, call_unless_dead, restart_env, statistics_or_recover
 
@@ -48,6 +48,7 @@ class LeagueRun:
         self.training = False
         self.league_matches = 0  # rated matches in the league's last statistics
         self.league_results_lost = 0  # taken by a league that died before it saved them
+        self.counters = ContinuedCounters()  # env actors' counters in the metrics go on over their restarts
         self.started = None
 
     def model_path(self) -> Path:
@@ -101,6 +102,7 @@ class LeagueRun:
         if name == self.top.league:
             self._restart_league()
         elif name in self.top.envs:
+            self.counters.restarted(name)
             restart_env(self.cluster, name, incarnation, {m: top.replay for m, top in self.top.members.items()},
                         self.training, self.open_evaluations)
         else:
@@ -191,7 +193,7 @@ class LeagueRun:
 
     def _write_metrics(self, stats: dict, evaluation: dict | None = None) -> None:
         league = stats[self.top.league]
-        envs = [stats[e] for e in self.top.envs]
+        envs = [s for name, s in self.counters.apply(stats).items() if name in self.top.envs]
         row = {"time": time.time(), "elapsed_s": time.time() - self.started if self.started else 0.0,
                "matches": league["matches"], "snapshots": league["snapshots"], "ratings": league["ratings"],
                "versions": {m: stats[top.learner]["version"] for m, top in self.top.members.items()},

@@ -61,6 +61,39 @@ CONTINUED = ("episodes", "train_episodes", "train_return_sum", "turns", "invalid
 CONTINUED_KINDS = ("env", "rollout")
 
 
+class ContinuedCounters:
+    """The CONTINUED counters of env and rollout actors, carried on over restarts and scale-downs: what a dead
+    or retired actor had counted stays in the totals, so they never go back (no negative rates)."""
+
+    def __init__(self):
+        self._seen: dict[str, dict] = {}  # actor -> its CONTINUED counters in the last snapshot
+        self._before: dict[str, dict] = {}  # actor -> what its dead predecessors had counted
+        self._retired_names: set[str] = set()  # actors gone for good; their counts stay in the totals
+
+    def restarted(self, name: str) -> None:
+        before = self._before.setdefault(name, {})
+        for key, value in self._seen.get(name, {}).items():
+            before[key] = before.get(key, 0) + value
+        self._seen[name] = {}
+
+    def retired(self, name: str) -> None:
+        self.restarted(name)
+        self._retired_names.add(name)
+
+    def apply(self, stats: dict[str, dict]) -> dict[str, dict]:
+        """``stats`` (actor -> statistics) with every counter carried on; retired actors keep a row of theirs."""
+        out = {}
+        for name, s in stats.items():
+            if not name.startswith(CONTINUED_KINDS):
+                out[name] = s
+                continue
+            self._seen[name] = {key: s[key] for key in CONTINUED if key in s}
+            out[name] = {**s, **{key: s[key] + value for key, value in self._before.get(name, {}).items() if key in s}}
+        for name in self._retired_names - set(stats):  # gone: only what it counted, under its own name
+            out[name] = {**dict.fromkeys(CONTINUED, 0), **self._before[name], "streams": {}, "retired": True}
+        return out
+
+
 class MetricsLog:
     """Appends one JSON line per snapshot to ``metrics.jsonl`` and derives rates between snapshots."""
 
@@ -72,36 +105,17 @@ class MetricsLog:
         self._elapsed_before = 0.0          # minute a resumed run stopped at)
         self._last: tuple[float, dict] | None = None
         self.rows: list[dict] = []
-        self._seen: dict[str, dict] = {}  # actor -> its CONTINUED counters in the last snapshot
-        self._before: dict[str, dict] = {}  # actor -> what its dead predecessors had counted
+        self.counters = ContinuedCounters()
         self.restarts = 0
-        self._retired_names: set[str] = set()  # actors gone for good; their counts stay in the totals
 
     def restarted(self, name: str) -> None:
         """``name`` died and was restarted: what it had counted stays in the totals (no negative rates)."""
         self.restarts += 1
-        before = self._before.setdefault(name, {})
-        for key, value in self._seen.get(name, {}).items():
-            before[key] = before.get(key, 0) + value
-        self._seen[name] = {}
+        self.counters.restarted(name)
 
     def retired(self, name: str) -> None:
         """``name`` left the run (a scale-down): what it counted stays in the totals."""
-        self.restarted(name)
-        self.restarts -= 1
-        self._retired_names.add(name)
-
-    def _continued(self, stats: dict[str, dict]) -> dict[str, dict]:
-        out = {}
-        for name, s in stats.items():
-            if not name.startswith(CONTINUED_KINDS):
-                out[name] = s
-                continue
-            self._seen[name] = {key: s[key] for key in CONTINUED if key in s}
-            out[name] = {**s, **{key: s[key] + value for key, value in self._before.get(name, {}).items() if key in s}}
-        for name in self._retired_names - set(stats):  # gone: only what it counted, under its own name
-            out[name] = {**dict.fromkeys(CONTINUED, 0), **self._before[name], "streams": {}, "retired": True}
-        return out
+        self.counters.retired(name)
 
     def load(self) -> float:
         """Take back the rows a run (being resumed) already wrote; returns the elapsed seconds they cover."""
@@ -136,7 +150,7 @@ class MetricsLog:
 
     def snapshot(self, stats: dict[str, dict], evaluation: dict | None = None) -> dict:
         now = time.time()
-        stats = self._continued(stats)
+        stats = self.counters.apply(stats)
         learner = stats["learner"]
         envs = [s for name, s in stats.items() if name.startswith("env")]
         rollouts = [s for name, s in stats.items() if name.startswith("rollout")]

@@ -173,6 +173,8 @@ def test_a_league_goes_on_after_its_league_actor_and_an_env_actor_are_killed(ray
     both = next(i for i, row in enumerate(metrics) if row["restarts"] == 2)
     assert metrics[-1]["matches"] > metrics[both]["matches"]  # matches went on after both restarts
     assert metrics[-1]["episodes"] > metrics[both]["episodes"]
+    counts = [row["episodes"] for row in metrics]  # the env actor's count goes on over its restart
+    assert counts == sorted(counts)
     state = league_state(tmp_path / "dice3")
     assert {e["tag"] for e in state["evaluations"]} == {"start-main-random", "final-main-random"}
     assert set(state["snapshots"]) == set(summary["table"]["snapshots"])
