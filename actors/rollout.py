@@ -199,13 +199,8 @@ class RolloutActor:
         generator = torch.Generator().manual_seed(self.cfg.seed)
         while True:
             idle_from = time.perf_counter()
-            batch = [await queue_out.receive()]
+            batch = await self._waiting(queue_out)
             self._stats["idle_s"] += time.perf_counter() - idle_from
-            while len(batch) < self.cfg.max_batch:
-                try:
-                    batch.append(queue_out.receive_nowait())
-                except trio.WouldBlock:
-                    break
             if self.cfg.latency_s:
                 await trio.sleep(self.cfg.latency_s)  # the emulated engine's latency: this batch is busy meanwhile
             live = [r for r in batch if r.policy_id == self.cfg.policy_id]
@@ -220,13 +215,17 @@ class RolloutActor:
         """vllm: the snapshot requests that are waiting, in one batch at a time, beside the engine."""
         generator = torch.Generator().manual_seed(self.cfg.seed)
         while True:
-            batch = [await queue_out.receive()]
-            while len(batch) < self.cfg.max_batch:
-                try:
-                    batch.append(queue_out.receive_nowait())
-                except trio.WouldBlock:
-                    break
-            await self._sample_snapshots(batch, tokenizer, generator, completions)
+            await self._sample_snapshots(await self._waiting(queue_out), tokenizer, generator, completions)
+
+    async def _waiting(self, queue_out) -> list[GenerationRequest]:
+        """The requests waiting in ``queue_out``, up to ``max_batch`` (waits for the first)."""
+        batch = [await queue_out.receive()]
+        while len(batch) < self.cfg.max_batch:
+            try:
+                batch.append(queue_out.receive_nowait())
+            except trio.WouldBlock:
+                break
+        return batch
 
     async def _sample_snapshots(self, requests: list[GenerationRequest], tokenizer, generator, completions) -> None:
         for policy, group in self._by_snapshot(requests):

@@ -117,14 +117,16 @@ def supervise(model, tokenizer, games: list[TicTacToe], steps: int, lr: float = 
     """Cross-entropy on a minimax-optimal move text (one drawn among the best) after each position's prompt;
     ``tactics_only``: on the positions with a line to complete or block, towards completing (else blocking) it."""
     rng = random.Random(seed)
-    best = []
     if tactics_only:
-        games = [g for g in games if completing(g.board, g.current_player) or completing(g.board, 1 - g.current_player)]
-        best = [sorted(completing(g.board, g.current_player) or completing(g.board, 1 - g.current_player))
-                for g in games]
-    for game in games if not tactics_only else ():
-        values = {c: move_value(tuple(game.board), game.current_player, c) for c in range(9) if game.board[c] is None}
-        best.append([c for c, v in values.items() if v == max(values.values())])
+        tactical = [(g, completing(g.board, g.current_player) or completing(g.board, 1 - g.current_player))
+                    for g in games]
+        games, best = [g for g, cells in tactical if cells], [sorted(cells) for _, cells in tactical if cells]
+    else:
+        best = []
+        for game in games:
+            values = {c: move_value(tuple(game.board), game.current_player, c)
+                      for c in range(9) if game.board[c] is None}
+            best.append([c for c, v in values.items() if v == max(values.values())])
     prompts, moves = prompt_ids(tokenizer, games), move_ids(tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
