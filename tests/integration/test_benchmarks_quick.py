@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -63,11 +64,17 @@ def test_tictactoe_tactics_scores_every_position_with_a_threat(tiny_model_dir):
     assert len(games) == 4520  # TicTacToe's 5478 legal positions less its 958 finished ones
     board = [0, 0, None, 1, 1, None, None, None, None]  # X on 1 and 2, O on 4 and 5
     assert tactics.completing(board, 0) == {2} and tactics.completing(board, 1) == {5}
+    # the exact non-loss of a uniformly random player against another: X wins 0.585 and draws 0.127 of games
+    uniform = torch.tensor([[float(g.board[c] is None) / g.board.count(None) for c in range(9)] for g in games])
+    assert tactics.exact_nonloss(games, uniform, 0) == pytest.approx(0.5849 + 0.1270, abs=2e-4)
+    assert tactics.exact_nonloss(games, uniform, 1) == pytest.approx(0.2881 + 0.1270, abs=2e-4)
+    assert tactics.exact_nonloss(games, uniform * 0.5, 0) < 0.5  # half of every move invalid: forfeits
 
     done = subprocess.run([sys.executable, str(BENCHMARKS / "tictactoe_tactics.py"), str(tiny_model_dir)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
-    numbers = re.fullmatch(r"tactical_x=([\d.]+) tactical_o=([\d.]+) priority_x=([\d.]+) priority_o=([\d.]+)", last)
+    numbers = re.fullmatch(r"tactical_x=([\d.]+) tactical_o=([\d.]+) priority_x=([\d.]+) priority_o=([\d.]+) "
+                           r"nonloss_x=([\d.]+) nonloss_o=([\d.]+)", last)
     assert numbers, last
     assert all(0.0 <= float(v) <= 1.0 for v in numbers.groups())

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.sampling import sample
-from actors.training import Objective, TrainerState, collate, policy_gradient_step
+from actors.training import Objective, TrainerState, action_logprobs, collate, policy_gradient_step
 from actors.weights import load_weights, weights_to_bytes
 from algos.losses import token_logprobs
 from streams.schema import Columns, trajectory_table
@@ -219,6 +219,32 @@ def test_every_loss_trains_with_minibatches(model_and_tokenizer, tiny_model_dir,
                                  temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert stats["tokens"] == int(batch.action_mask.sum()) and math.isfinite(stats["pg_loss"])
     assert stats["entropy"] > 0 and len(state.baselines) == 2
+
+
+def test_the_proximal_log_probs_of_every_minibatch_are_the_models_before_the_first_step(model_and_tokenizer,
+                                                                                        tiny_model_dir):
+    """pi_prox is computed up front for every row: with a zero learning rate nothing moves, so pi_theta equals
+    pi_prox row by row in every minibatch (a row matched with another row's log-probs would show here), and
+    logprob_gap is the full batch's."""
+    _, tok = model_and_tokenizer
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    ps = prompts(tok)
+    picked = [ps[i % len(ps)] for i in range(7)]
+    samples = sample(model, picked, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=4,
+                     generator=torch.Generator().manual_seed(5))
+    for s in samples[::2]:
+        s.logprobs = [lp - 0.25 for lp in s.logprobs]  # every other row as if an older policy had sampled it
+    rows = [row(p, s, ret=float(i % 3 - 1), episode=f"e{i}") for i, (p, s) in enumerate(zip(picked, samples))]
+    batch = collate(trajectory_table(rows), tok.pad_token_id)
+    mask = batch.action_mask[:, 1:]
+    with torch.no_grad():
+        full = action_logprobs(model, batch, 1.0)
+    expected_gap = float(((full - batch.behaviour_logprobs[:, 1:]).abs() * mask).sum() / mask.sum())
+    stats = policy_gradient_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, Objective(minibatches=3),
+                                 TrainerState(), temperature=1.0, generator=torch.Generator().manual_seed(1))
+    assert abs(stats["approx_kl"]) < 1e-6 and stats["clip_fraction"] == 0.0
+    assert stats["logprob_gap"] == pytest.approx(expected_gap, abs=1e-5)
+    assert expected_gap > 0.05  # the shifted rows are in it
 
 
 def test_turns_dropped_as_stale_are_logged_at_most_every_30_s(caplog, monkeypatch):
