@@ -115,7 +115,8 @@ def make_model(tokenizer, cfg: TinyModelConfig):
 def demonstrations(env_name: str, games: int, seed: int, env_args: dict | None = None,
                    expert_share: float = 0.0) -> list[tuple[str, str]]:
     """(prompt, answer) pairs from episodes where every seat plays a random legal action, or with probability
-    ``expert_share`` the environment's ``expert_action()`` when it has one.
+    ``expert_share`` the environment's ``expert_action()`` when it has one (and it names a move: None is no
+    opinion, and a random legal action is played).
 
     Episodes run on a trio loop with a mock clock, so an environment whose steps sleep (a slow tool) costs
     no wall time here.
@@ -133,7 +134,7 @@ def demonstrations(env_name: str, games: int, seed: int, env_args: dict | None =
             while not done:
                 prompt = game.observation(game.current_player)
                 use_expert = expert is not None and rng.random() < expert_share
-                action = expert() if use_expert else opponent.act(game)
+                action = (expert() if use_expert else None) or opponent.act(game)
                 pairs.append((prompt, action))
                 result = game.step(action)
                 if inspect.isawaitable(result):

@@ -72,6 +72,16 @@ class TicTacToe:
     def legal_actions(self) -> list[str]:
         return [format_move(c) for c in range(9) if self.board[c] is None]
 
+    def expert_action(self) -> str | None:
+        """The move a player who reads the board's threats makes, where there is one: complete a line of its
+        own (the lowest such cell), else block the opponent's; None where neither is open (no expert opinion:
+        the base model's warm-up then plays a random legal move, ``model.tiny.warmup_expert_share``)."""
+        for player in (self.current_player, 1 - self.current_player):
+            cells = completing(self.board, player)
+            if cells:
+                return format_move(min(cells))
+        return None
+
     def step(self, action_text: str) -> StepResult:
         if self.done:
             raise RuntimeError("step() on a finished game; call reset() first")

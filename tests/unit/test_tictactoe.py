@@ -70,3 +70,23 @@ def test_unknown_names_get_a_clear_error():
         envs.make("chess")
     with pytest.raises(ValueError, match="unknown opponent"):
         envs.make_opponent("grandmaster")
+
+
+def test_the_expert_wins_before_it_blocks_and_has_no_opinion_on_a_quiet_board():
+    from actors.base_model import demonstrations
+    from envs.tictactoe import TicTacToe
+
+    game = TicTacToe()
+    assert game.expert_action() is None  # nothing to complete or block: the warm-up plays a random move
+    for cell in ("[1]", "[4]", "[2]", "[5]"):  # X on 1 and 2, O on 4 and 5; X to move
+        game.step(cell)
+    assert game.expert_action() == "[3]"  # X completes its row rather than block O's
+    game.step("[7]")  # X plays elsewhere: O to move, with its own row 4-5-6 to complete
+    assert game.expert_action() == "[6]"
+    game = TicTacToe()
+    for cell in ("[1]", "[5]", "[2]"):  # X threatens 3; O has no line of its own
+        game.step(cell)
+    assert game.expert_action() == "[3]"  # so O blocks
+    # a warm-up of expert moves only still plays every game to its end, with random moves where it has none
+    pairs = demonstrations("tictactoe", 30, seed=0, expert_share=1.0)
+    assert len(pairs) >= 30 * 5 and pairs != demonstrations("tictactoe", 30, seed=0, expert_share=0.0)
