@@ -31,7 +31,7 @@ import random
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from envs.tictactoe import LINES, MARKS, TicTacToe, completing, format_move
+from envs.tictactoe import MARKS, TicTacToe, completing, format_move, has_line, win_or_block  # noqa: F401
 
 
 def positions() -> list[TicTacToe]:
@@ -110,7 +110,7 @@ def minimax(board: tuple, player: int) -> int:
 
 def move_value(board: tuple, player: int, cell: int) -> int:
     after = board[:cell] + (player,) + board[cell + 1:]
-    if any(all(after[i] == player for i in line) for line in LINES):
+    if has_line(after, player):
         return 1
     return -minimax(after, 1 - player)
 
@@ -121,8 +121,7 @@ def supervise(model, tokenizer, games: list[TicTacToe], steps: int, lr: float = 
     ``tactics_only``: on the positions with a line to complete or block, towards completing (else blocking) it."""
     rng = random.Random(seed)
     if tactics_only:
-        tactical = [(g, completing(g.board, g.current_player) or completing(g.board, 1 - g.current_player))
-                    for g in games]
+        tactical = [(g, win_or_block(g.board, g.current_player)) for g in games]
         games, best = [g for g, cells in tactical if cells], [sorted(cells) for _, cells in tactical if cells]
     else:
         best = []
@@ -161,8 +160,7 @@ def exact_nonloss(games: list[TicTacToe], probs: torch.Tensor, seat: int) -> flo
         outcomes = []
         for cell in free:
             after = board[:cell] + (player,) + board[cell + 1:]
-            won = any(all(after[i] == player for i in line) for line in LINES)
-            outcomes.append(float(player == seat) if won else value(after))
+            outcomes.append(float(player == seat) if has_line(after, player) else value(after))
         if player == seat:
             return sum(table[board][c] * v for c, v in zip(free, outcomes))
         return sum(outcomes) / len(free)
@@ -224,7 +222,7 @@ def report(model, tokenizer, games: list[TicTacToe], temperature: float) -> None
     summary = {}
     for seat, mark in enumerate(MARKS):
         mine = [i for i, g in enumerate(games) if g.current_player == seat]
-        tactical = [(i, completing(games[i].board, seat) or completing(games[i].board, 1 - seat)) for i in mine]
+        tactical = [(i, win_or_block(games[i].board, seat)) for i in mine]
         tactical = [(i, cells) for i, cells in tactical if cells]
         mean = sum(float(probs[i, list(cells)].sum()) for i, cells in tactical) / len(tactical)
         argmax = sum(best[i] in cells for i, cells in tactical) / len(tactical)

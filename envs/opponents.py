@@ -11,7 +11,7 @@ import random
 
 from envs.actions import bracket
 from envs.base import Game
-from envs.tictactoe import LINES, completing, format_move
+from envs.tictactoe import completing, format_move, has_line
 
 
 class RandomOpponent:
@@ -48,7 +48,7 @@ def _negamax(board: tuple, player: int) -> tuple[float, tuple[int, ...]]:
     best, moves = -3.0, []
     for cell in free:
         after = board[:cell] + (player,) + board[cell + 1:]
-        if any(all(after[i] == player for i in line) for line in LINES):
+        if has_line(after, player):
             value = 1 + len(free) / 10
         elif len(free) == 1:
             value = 0

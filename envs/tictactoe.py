@@ -27,6 +27,17 @@ def format_move(cell: int) -> str:
     return bracket(str(cell + 1))
 
 
+def has_line(board, player: int) -> bool:
+    """Whether ``player`` holds a whole line of ``board``."""
+    return any(all(board[i] == player for i in line) for line in LINES)
+
+
+def win_or_block(board, player: int) -> set[int]:
+    """The cells that complete a line of ``player``, to move; where there are none, those that block the
+    opponent's (empty when neither is open)."""
+    return completing(board, player) or completing(board, 1 - player)
+
+
 def completing(board, player: int) -> set[int]:
     """The free cells that would complete a line of ``player``."""
     cells = set()
@@ -76,11 +87,8 @@ class TicTacToe:
         """The move a player who reads the board's threats makes, where there is one: complete a line of its
         own (the lowest such cell), else block the opponent's; None where neither is open (no expert opinion:
         the base model's warm-up then plays a random legal move, ``model.tiny.warmup_expert_share``)."""
-        for player in (self.current_player, 1 - self.current_player):
-            cells = completing(self.board, player)
-            if cells:
-                return format_move(min(cells))
-        return None
+        cells = win_or_block(self.board, self.current_player)
+        return format_move(min(cells)) if cells else None
 
     def step(self, action_text: str) -> StepResult:
         if self.done:
@@ -92,7 +100,7 @@ class TicTacToe:
             return StepResult([0.0, 0.0], terminated=False, invalid=True, info={"reason": reason})
         self.board[cell] = player
         self.moves += 1
-        if any(all(self.board[i] == player for i in line) for line in LINES):
+        if has_line(self.board, player):
             self.done = True
             rewards = [-1.0, -1.0]
             rewards[player] = 1.0
