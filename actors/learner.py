@@ -249,7 +249,8 @@ class LearnerActor:
         tokenizer.save_pretrained(fresh)
         torch.save({"version": self.version, "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
                     "resets": self.resets,
-                    "role_ids": self.state.role_ids, "baselines": self.state.baselines, "totals": self._totals,
+                    "role_ids": self.state.role_ids, "baselines": self.state.baselines,
+                    "state_values": self.state.state_values, "totals": self._totals,
                     "staleness": dict(self._staleness), "cursor": {"life": self.cfg.data_life, "seq": self.cursor},
                     "wall_s": self._wall_s()},
                    fresh / TRAINER_STATE)
@@ -265,7 +266,8 @@ class LearnerActor:
         torch.set_rng_state(state["rng"])
         self.version = state["version"]
         self.resets = state.get("resets", [])
-        self.state = TrainerState(role_ids=state["role_ids"], baselines=state["baselines"])
+        self.state = TrainerState(role_ids=state["role_ids"], baselines=state["baselines"],
+                                  state_values=state.get("state_values"))
         self._totals.update(state["totals"])
         self._resumed_train_s = self._totals["train_s"]
         self._resumed_wall_s = state.get("wall_s", 0.0)

@@ -6,19 +6,21 @@ settings; ``policy_gradient_step`` computes returns, advantages and the loss, an
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from algos.advantages import discounted_returns, grpo_advantages, rae_advantages, rebn_advantages
+from algos.advantages import (StateValues, discounted_returns, grpo_advantages, rae_advantages, rebn_advantages,
+                              state_advantages)
 from algos.losses import (decoupled_ppo_loss, entropy_bonus, kl_penalty, ppo_clip_loss, reinforce_loss,
                           token_logprobs, truncated_is_loss)
 from streams.schema import Columns, trajectory_table
 
 LOSSES = ("decoupled_ppo", "ppo", "truncated_is", "reinforce")
-ADVANTAGES = ("rae", "grpo", "grpo_mean", "rebn")
+ADVANTAGES = ("rae", "rae_state", "grpo", "grpo_mean", "rebn")
 
 
 @dataclass
@@ -26,13 +28,17 @@ class Objective:
     """What the learner optimises. Defaults: RAE advantages with the decoupled PPO loss (self-play)."""
 
     loss: str = "decoupled_ppo"  # decoupled_ppo | ppo (clip on pi/mu: "naive" off-policy PPO) | truncated_is | reinforce
-    advantage: str = "rae"  # rae | grpo (mean and std per role) | grpo_mean (mean only) | rebn (whole batch)
+    advantage: str = "rae"  # rae | rae_state (refined per observed state) | grpo (mean and std per role) |
+    # grpo_mean (mean only) | rebn (whole batch)
     gamma: float = 1.0  # per-turn discount of returns within an agent's turns
     clip_eps: float = 0.2
     weight_range: tuple[float, float] = (0.0, 5.0)  # decoupled PPO: allowed pi_prox / mu
     out_of_range: str = "mask"  # decoupled PPO: mask or clamp weights outside weight_range
     tis_cap: float = 2.0  # truncated IS: cap on pi / mu
     rae_decay: float = 0.95  # RAE: EMA decay of each role's baseline, per trajectory
+    state_prior: float = 4.0  # rae_state: visits a state needs before its own mean outweighs the role baseline
+    state_window: int = 64  # rae_state: a state's mean follows about its last this many visits
+    state_capacity: int = 100_000  # rae_state: states kept (least recently seen dropped first)
     kl_coef: float = 0.0  # > 0: KL penalty towards a reference policy
     entropy_coef: float = 0.0  # > 0: entropy bonus
     max_grad_norm: float = 1.0
@@ -50,10 +56,12 @@ class Objective:
 
 @dataclass
 class TrainerState:
-    """What the objective carries from batch to batch: stable role ids and their RAE baselines."""
+    """What the objective carries from batch to batch: stable role ids, their RAE baselines and, for
+    ``rae_state``, the mean returns per observed state."""
 
     role_ids: dict[tuple, int] = field(default_factory=dict)
     baselines: dict[int, float] = field(default_factory=dict)
+    state_values: StateValues | None = None
 
     def roles(self, keys: list[tuple]) -> torch.Tensor:
         return torch.tensor([self.role_ids.setdefault(key, len(self.role_ids)) for key in keys], dtype=torch.int64)
@@ -74,6 +82,7 @@ class TokenBatch:
     turns: torch.Tensor  # [N]
     segments: torch.Tensor  # [N], one id per (episode, seat): the turns that share a return
     role_keys: list[tuple]  # [N], (env, matchup, seat): whose baseline a row shares
+    state_keys: list[int]  # [N], a digest of the prompt: where the agent stood (rae_state's key)
 
     def rows(self, index: torch.Tensor) -> TokenBatch:
         """The rows ``index`` of this batch (for minibatches)."""
@@ -115,7 +124,14 @@ def collate(table: pa.Table, pad_id: int) -> TokenBatch:
         segments=torch.tensor([segment_ids.setdefault(k, len(segment_ids)) for k in zip(episodes, seats)]),
         role_keys=list(zip(table.column(Columns.ENV_NAME).to_pylist(), table.column(Columns.MATCHUP).to_pylist(),
                            seats)),
+        state_keys=[prompt_digest(p) for p in prompts],
     )
+
+
+def prompt_digest(prompt: list[int]) -> int:
+    """A stable 64-bit digest of prompt tokens (the same across processes and resumes, unlike ``hash``)."""
+    digest = hashlib.blake2b(np.asarray(prompt, dtype=np.int64).tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def single_turn_batch(prompts: list[list[int]], completions: list, returns: list[float] | None = None,
@@ -157,6 +173,12 @@ def advantages_of(objective: Objective, state: TrainerState, batch: TokenBatch) 
     roles = state.roles(batch.role_keys)
     if objective.advantage == "rae":
         advantages, stats = rae_advantages(returns, roles, state.baselines, objective.rae_decay, batch.segments)
+        state.baselines = stats.pop("baselines")
+    elif objective.advantage == "rae_state":
+        if state.state_values is None:
+            state.state_values = StateValues(objective.state_window, objective.state_capacity)
+        advantages, stats = state_advantages(returns, roles, batch.state_keys, state.baselines, state.state_values,
+                                             objective.state_prior, objective.rae_decay, batch.segments)
         state.baselines = stats.pop("baselines")
     elif objective.advantage == "rebn":
         advantages, stats = rebn_advantages(returns)

@@ -8,6 +8,8 @@ opponents, never share a baseline).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 import torch
 
@@ -100,3 +102,68 @@ def rae_advantages(returns: torch.Tensor, roles: torch.Tensor, baselines: dict[i
         stats[f"baseline_role{role}"] = updated[role]
     stats["baselines"] = updated
     return advantages, stats
+
+
+class StateValues:
+    """Running mean returns per (role, observed state), for a baseline that knows where an agent stood.
+
+    A multi-turn generalisation of GRPO's per-prompt group: an observation that recurs (a board position, a
+    question asked again) keeps the mean return of the turns taken from it. Each entry averages about the
+    last ``window`` visits, so it follows a changing policy; at most ``capacity`` entries are kept, the least
+    recently seen going first (prompts that never recur cost a bounded table, not a leak).
+    """
+
+    def __init__(self, window: int = 64, capacity: int = 100_000):
+        if window < 1 or capacity < 1:
+            raise ValueError(f"window and capacity must be >= 1, not {window} and {capacity}")
+        self.window, self.capacity = window, capacity
+        self.table: OrderedDict[tuple, tuple[int, float]] = OrderedDict()  # key -> (visits, capped at window; mean)
+
+    def get(self, key: tuple) -> tuple[int, float]:
+        return self.table.get(key, (0, 0.0))
+
+    def update(self, key: tuple, count: int, mean: float) -> None:
+        visits, value = self.table.pop(key, (0, 0.0))
+        visits += count
+        value += min(1.0, count / min(visits, self.window)) * (mean - value)  # the exact mean until the window fills
+        self.table[key] = (min(visits, self.window), value)
+        while len(self.table) > self.capacity:
+            self.table.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+
+def state_advantages(returns: torch.Tensor, roles: torch.Tensor, states: list, baselines: dict[int, float],
+                     values: StateValues, prior: float = 4.0, decay: float = 0.95,
+                     segments: torch.Tensor | None = None):
+    """RAE with its role baseline refined per observed state: A_i = R_i - b(role_i, s_i).
+
+    b(role, s) = (n * V + prior * b_role) / (n + prior), where V is the mean return of the n earlier visits to
+    state s in that role (``values``, from earlier batches only, so a row's own return never enters its
+    baseline) and b_role is the role's RAE baseline. An unvisited state gets the RAE baseline; a state seen
+    often gets its own mean. Credit then goes to the move that changed the outcome from where the agent
+    stood (the block, the winning move) rather than to every move of a won game. ``values`` is updated with
+    this batch's returns, in place; the updated role baselines come back in the stats under ``"baselines"``.
+    """
+    if prior <= 0:
+        raise ValueError(f"prior must be > 0, not {prior}")
+    _, stats = rae_advantages(returns, roles, baselines, decay, segments)
+    role_baselines = stats["baselines"]
+    keys = [(role, state) for role, state in zip(roles.tolist(), states)]
+    baseline = torch.empty(len(keys), dtype=torch.float32)
+    known = 0
+    for i, key in enumerate(keys):
+        visits, value = values.get(key)
+        known += visits > 0
+        baseline[i] = (visits * value + prior * role_baselines[key[0]]) / (visits + prior)
+    sums: dict[tuple, list] = {}
+    for key, ret in zip(keys, returns.float().tolist()):
+        entry = sums.setdefault(key, [0, 0.0])
+        entry[0] += 1
+        entry[1] += ret
+    for key, (count, total) in sums.items():
+        values.update(key, count, total / count)
+    stats["states_known"] = known / max(len(keys), 1)
+    stats["states_tracked"] = len(values)
+    return returns.float() - baseline, stats

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from algos.advantages import discounted_returns, grpo_advantages, rae_advantages, rebn_advantages
+from algos.advantages import (StateValues, discounted_returns, grpo_advantages, rae_advantages, rebn_advantages,
+                              state_advantages)
 from algos.losses import (decoupled_ppo_loss, entropy_bonus, ppo_clip_loss, reinforce_loss,
                           truncated_is_loss)
 
@@ -59,6 +60,50 @@ def test_rae_keeps_an_ema_baseline_per_role_updated_once_per_trajectory():
     many = torch.ones(100)
     _, stats2 = rae_advantages(many, torch.zeros(100, dtype=torch.long), {0: -1.0}, decay=0.9)
     assert stats2["baselines"][0] == pytest.approx(1.0 - 2 * 0.9**100)
+
+
+
+def test_state_values_keep_an_exact_mean_until_the_window_fills_then_follow_recent_visits():
+    values = StateValues(window=4, capacity=2)
+    values.update("a", 2, 1.0)
+    values.update("a", 2, 0.0)
+    assert values.get("a") == (4, pytest.approx(0.5))  # the mean of four visits
+    values.update("a", 2, 1.0)  # past the window: moves half-way (2 of 4 visits)
+    assert values.get("a") == (4, pytest.approx(0.75))
+    values.update("a", 8, -1.0)  # more visits than the window: replaced
+    assert values.get("a") == (4, pytest.approx(-1.0))
+    values.update("b", 1, 0.0)
+    values.update("a", 1, -1.0)  # "a" seen last: "b" is the least recent
+    values.update("c", 1, 0.0)
+    assert len(values) == 2 and values.get("b") == (0, 0.0) and values.get("a")[0] == 4
+    with pytest.raises(ValueError, match="window"):
+        StateValues(window=0)
+
+
+def test_state_advantages_credit_the_state_not_the_role_once_a_state_is_known():
+    values = StateValues(window=64)
+    roles = torch.zeros(4, dtype=torch.long)
+    # first batch: nothing known, so the baseline is the role's (RAE): identical to rae_advantages
+    returns = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    states = ["won", "won", "lost", "lost"]
+    adv, stats = state_advantages(returns, roles, states, {0: 0.0}, values, prior=4.0, decay=0.9)
+    rae, rae_stats = rae_advantages(returns, roles, {0: 0.0}, decay=0.9)
+    assert torch.allclose(adv, rae) and stats["baselines"] == rae_stats["baselines"] and stats["states_known"] == 0
+    assert values.get((0, "won")) == (2, pytest.approx(1.0))
+    # the same returns again from the same states: the baseline leans towards each state's own mean
+    adv2, stats2 = state_advantages(returns, roles, states, stats["baselines"], values, prior=2.0, decay=0.9)
+    role_b = stats2["baselines"][0]
+    # b(won) = (2 * 1 + 2 * role_b) / 4, so A(won) = 1 - b = (1 - role_b) / 2: half the RAE advantage
+    assert adv2[0].item() == pytest.approx((1.0 - role_b) / 2)
+    assert adv2[2].item() == pytest.approx((-1.0 - role_b) / 2)
+    assert stats2["states_known"] == 1.0 and stats2["states_tracked"] == 2
+    # a state seen many times is its own baseline: a return equal to its mean earns nothing
+    for _ in range(20):
+        state_advantages(returns, roles, states, stats2["baselines"], values, prior=2.0)
+    adv3, _ = state_advantages(returns, roles, states, stats2["baselines"], values, prior=2.0)
+    assert adv3.abs().max().item() < 0.05
+    with pytest.raises(ValueError, match="prior"):
+        state_advantages(returns, roles, states, {}, values, prior=0.0)
 
 
 def test_decoupled_ppo_matches_hand_values():

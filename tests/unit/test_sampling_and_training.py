@@ -203,8 +203,9 @@ def test_objective_names_are_checked():
         Objective(advantage="gae")
 
 
-@pytest.mark.parametrize("loss", ["decoupled_ppo", "truncated_is", "reinforce"])
-def test_every_loss_trains_with_minibatches(model_and_tokenizer, tiny_model_dir, loss):
+@pytest.mark.parametrize("loss, advantage", [("decoupled_ppo", "rae"), ("truncated_is", "rae"), ("reinforce", "rae"),
+                                             ("decoupled_ppo", "rae_state")])
+def test_every_loss_trains_with_minibatches(model_and_tokenizer, tiny_model_dir, loss, advantage):
     _, tok = model_and_tokenizer
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     p0, p1 = prompts(tok)[:2]
@@ -213,12 +214,14 @@ def test_every_loss_trains_with_minibatches(model_and_tokenizer, tiny_model_dir,
     rows = [row(p, s, seat=i % 2, ret=r, episode=f"e{i}") for i, (p, s, r) in
             enumerate(zip([p0, p0, p1, p1], samples, [1.0, -1.0, 1.0, 0.0]))]
     batch = collate(trajectory_table(rows), tok.pad_token_id)
-    objective = Objective(loss=loss, advantage="rae", minibatches=2, entropy_coef=0.01)
+    objective = Objective(loss=loss, advantage=advantage, minibatches=2, entropy_coef=0.01)
     state = TrainerState()
     stats = policy_gradient_step(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, objective, state,
                                  temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert stats["tokens"] == int(batch.action_mask.sum()) and math.isfinite(stats["pg_loss"])
     assert stats["entropy"] > 0 and len(state.baselines) == 2
+    if advantage == "rae_state":  # one mean per (seat, prompt); the digest is the prompt's, not the row's
+        assert len(state.state_values) == 4 and batch.state_keys[0] == batch.state_keys[1] != batch.state_keys[2]
 
 
 def test_the_proximal_log_probs_of_every_minibatch_are_the_models_before_the_first_step(model_and_tokenizer,
