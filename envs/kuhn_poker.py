@@ -49,6 +49,17 @@ class KuhnPoker:
     def legal_actions(self) -> list[str]:
         return [bracket(m) for m in self.moves()]
 
+    def expert_action(self) -> str | None:
+        """What a player who knows only the cards' order does: with the K bet, or call a bet; with the J check,
+        or fold to a bet (calling with the J and folding the K are dominated); None with the Q (no opinion: the
+        base model's warm-up then plays a random legal move, ``model.tiny.warmup_expert_share``). No bluffs
+        and no mixing: the equilibrium's frequencies are left for learning."""
+        card = self.cards[self.current_player]
+        if card == 1:
+            return None
+        strong = card == 2
+        return bracket(("call" if strong else "fold") if self.facing_bet else ("bet" if strong else "check"))
+
     def observation(self, player: int) -> str:
         said = ", ".join(f"player {i % 2} {PAST[m]}" for i, m in enumerate(self.history)) or "nothing yet"
         return (f"Kuhn Poker (cards J<Q<K, ante 1). You are player {player}. Your card: {CARDS[self.cards[player]]}.\n"

@@ -85,6 +85,17 @@ def test_kuhn_poker_moves_and_private_cards():
     assert len(deals) == 6  # every deal happens
 
 
+@pytest.mark.parametrize("cards,moves,expert", [
+    ((2, 0), [], "[bet]"), ((0, 2), [], "[check]"), ((1, 2), [], None),  # the Q: no opinion
+    ((0, 2), ["check"], "[bet]"), ((0, 2), ["bet"], "[call]"), ((2, 0), ["bet"], "[fold]"),
+    ((2, 0), ["check", "bet"], "[call]"), ((0, 2), ["check", "bet"], "[fold]"), ((1, 0), ["check", "bet"], None),
+])
+def test_kuhn_expert_plays_the_dominant_moves_of_k_and_j_and_leaves_the_q_alone(cards, moves, expert):
+    game, _ = kuhn(cards, moves)
+    assert game.expert_action() == expert
+    assert expert is None or expert in game.legal_actions()
+
+
 def dice_game(hands, players=2, dice=2):
     game = LiarsDice(players=players, dice=dice)
     game.reset(0)
