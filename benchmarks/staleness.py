@@ -30,13 +30,18 @@ from actors.cli import load_config
 from actors.launcher import launch
 
 LOSSES = {"decoupled": "decoupled_ppo", "naive": "ppo"}
+# The settings its README table was measured with (the default job's until 2026-11-25): games against random,
+# the 2 x 128 base model warmed up on random moves, RAE's baseline per seat.
+MEASURED_WITH = ["env.args.opponent=random", "learner.args.objective.advantage=rae", "model.tiny.layers=2",
+                 "model.tiny.hidden_size=128", "model.tiny.heads=4", "model.tiny.intermediate_size=256",
+                 "model.tiny.warmup_expert_share=0.0"]
 
 
 def run_one(loss: str, eta: int, versions: int, out: Path, extra: list[str], seed: int = 0) -> dict:
     overrides = [
         f"learner.args.objective.loss={LOSSES[loss]}", f"learner.max_staleness={eta}",
         f"run.max_versions={versions}", "run.minutes=60", "run.progress=false", "eval.every_s=0",
-        "env.args.opponent_share=1.0", f"run.dir={out}", f"run.name={loss}-eta{eta}-seed{seed}", f"run.seed={seed}",
+        "env.args.opponent_share=1.0", *MEASURED_WITH, f"run.dir={out}", f"run.name={loss}-eta{eta}-seed{seed}", f"run.seed={seed}",
         *extra,
     ]
     started = time.time()
