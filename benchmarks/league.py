@@ -44,8 +44,8 @@ QUICK = ["run.minutes=0.25", "run.log_every_s=1", "eval.games_per_seat=10", "eva
          "ray.num_cpus=2"]
 
 
-def kuhn_prompt(info_state: str) -> tuple[str, list[str]]:
-    """The env's prompt and legal moves at an OpenSpiel Kuhn information state ("<card><p|b>*")."""
+def kuhn_state(info_state: str) -> KuhnPoker:
+    """A game at an OpenSpiel Kuhn information state ("<card><p|b>*"), the player to move holding that card."""
     game, history = KuhnPoker(), info_state[1:]
     player = len(history) % 2
     card = int(info_state[0])
@@ -53,7 +53,17 @@ def kuhn_prompt(info_state: str) -> tuple[str, list[str]]:
     for a in history:  # p: pass (check, or fold facing a bet); b: bet (bet, or call facing one)
         game.history.append(("fold" if game.facing_bet else "check") if a == "p" else ("call" if game.facing_bet else "bet"))
     assert CARDS[game.cards[player]] == CARDS[card]
-    return game.observation(player), game.legal_actions()
+    return game
+
+
+def kuhn_prompt(info_state: str) -> tuple[str, list[str]]:
+    """The env's prompt at an OpenSpiel Kuhn information state and its two moves in OpenSpiel's action order:
+    0 pass (``[check]``, or ``[fold]`` facing a bet), 1 bet (``[bet]``, or ``[call]`` facing one). (The env
+    lists a bet's answers as call, fold: its order would swap them.)"""
+    game = kuhn_state(info_state)
+    moves = ["[fold]", "[call]"] if game.facing_bet else ["[check]", "[bet]"]
+    assert sorted(moves) == sorted(game.legal_actions())
+    return game.observation(game.current_player), moves
 
 
 @torch.no_grad()
@@ -72,18 +82,24 @@ def move_probabilities(model, tokenizer, prompt: str, moves: list[str]) -> list[
 
 def nash_conv(model_dir: str | Path) -> tuple[float, dict]:
     """NashConv of the policy in ``model_dir`` playing both seats of Kuhn Poker, and its move table."""
+    model, tokenizer = load_policy(model_dir)
+    return policy_nash_conv(lambda prompt, moves: move_probabilities(model, tokenizer, prompt, moves))
+
+
+def policy_nash_conv(probabilities) -> tuple[float, dict]:
+    """NashConv (OpenSpiel) of a policy given as ``probabilities(prompt, moves) -> [p(move) for move in moves]``,
+    playing both seats, and its move table."""
     import pyspiel
     from open_spiel.python import policy as spiel_policy
     from open_spiel.python.algorithms import exploitability
 
-    model, tokenizer = load_policy(model_dir)
     game = pyspiel.load_game("kuhn_poker")
     tabular = spiel_policy.TabularPolicy(game)
     table = {}
     for info_state, row in tabular.state_lookup.items():
         prompt, moves = kuhn_prompt(info_state)
-        probs = move_probabilities(model, tokenizer, prompt, moves)
-        tabular.action_probability_array[row] = probs  # OpenSpiel's actions: 0 pass (check/fold), 1 bet (bet/call)
+        probs = probabilities(prompt, moves)
+        tabular.action_probability_array[row] = probs  # moves come in OpenSpiel's action order
         table[info_state] = dict(zip(moves, (round(p, 3) for p in probs)))
     return float(exploitability.nash_conv(game, tabular)), table
 

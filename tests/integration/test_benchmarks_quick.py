@@ -78,3 +78,32 @@ def test_tictactoe_tactics_scores_every_position_with_a_threat(tiny_model_dir):
                            r"nonloss_x=([\d.]+) nonloss_o=([\d.]+)", last)
     assert numbers, last
     assert all(0.0 <= float(v) <= 1.0 for v in numbers.groups())
+
+
+def test_kuhn_nash_conv_reads_each_move_as_openspiel_numbers_it():
+    """The league benchmark's NashConv: each information state's two moves in OpenSpiel's action order (pass,
+    bet), so Kuhn's equilibrium player scores 0 and the same player with call and fold swapped does not."""
+    import importlib.util
+
+    from envs.opponents import KuhnEquilibrium
+
+    spec = importlib.util.spec_from_file_location("league_benchmark", BENCHMARKS / "league.py")
+    league = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(league)
+    equilibrium = KuhnEquilibrium(alpha=0.2)
+    games = {}
+    for card in range(3):
+        for history in ("", "p", "b", "pb"):
+            game = league.kuhn_state(f"{card}{history}")
+            games[game.observation(game.current_player)] = game
+
+    def play(prompt, moves, swap=False):
+        policy = equilibrium.policy(games[prompt])
+        probs = [policy[move.strip("[]")] for move in moves]
+        return probs[::-1] if swap and moves[0] == "[fold]" else probs
+
+    nash_conv, table = league.policy_nash_conv(play)
+    assert nash_conv == pytest.approx(0.0, abs=1e-9)
+    assert table["0b"] == {"[fold]": 1.0, "[call]": 0.0} and table["2pb"] == {"[fold]": 0.0, "[call]": 1.0}
+    swapped, _ = league.policy_nash_conv(lambda prompt, moves: play(prompt, moves, swap=True))
+    assert swapped > 1.0
