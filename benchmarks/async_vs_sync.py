@@ -48,7 +48,8 @@ TASK = [
     "replay.args.capacity_episodes=256", "learner.args.lr=0.00025", "learner.args.objective.kl_coef=0.05",
     "learner.args.lr_decay=constant", "learner.args.objective.minibatches=4",  # the settings it was measured with
     "learner.args.objective.entropy_coef=0.01", "learner.args.objective.advantage=rae", "model.tiny.layers=2",
-    "model.tiny.hidden_size=128", "model.tiny.heads=4", "model.tiny.intermediate_size=256", "eval.every_s=0", "eval.endpoint_games_per_seat=50",
+    "model.tiny.hidden_size=128", "model.tiny.heads=4", "model.tiny.intermediate_size=256", "eval.every_s=0",
+    "eval.endpoint_games_per_seat=50",
     "run.return_window_s=0", "run.log_every_s=2",  # the return over the last --window episodes, read every 2 s
     # The warm-up plays the task on a mock clock, so tool latencies do not change its demonstrations: it keeps
     # the arguments the cached base model was made with (a new latency would only rebuild the same model).

@@ -41,7 +41,8 @@ def run_one(loss: str, eta: int, versions: int, out: Path, extra: list[str], see
     overrides = [
         f"learner.args.objective.loss={LOSSES[loss]}", f"learner.max_staleness={eta}",
         f"run.max_versions={versions}", "run.minutes=60", "run.progress=false", "eval.every_s=0",
-        "env.args.opponent_share=1.0", *MEASURED_WITH, f"run.dir={out}", f"run.name={loss}-eta{eta}-seed{seed}", f"run.seed={seed}",
+        "env.args.opponent_share=1.0", *MEASURED_WITH, f"run.dir={out}", f"run.name={loss}-eta{eta}-seed{seed}",
+        f"run.seed={seed}",
         *extra,
     ]
     started = time.time()

@@ -62,7 +62,6 @@ def test_rae_keeps_an_ema_baseline_per_role_updated_once_per_trajectory():
     assert stats2["baselines"][0] == pytest.approx(1.0 - 2 * 0.9**100)
 
 
-
 def test_state_values_keep_an_exact_mean_until_the_window_fills_then_follow_recent_visits():
     values = StateValues(window=4, capacity=2)
     values.update("a", 2, 1.0)
