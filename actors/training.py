@@ -15,19 +15,21 @@ import torch
 
 from algos.advantages import (StateValues, discounted_returns, grpo_advantages, rae_advantages, rebn_advantages,
                               state_advantages)
-from algos.losses import (decoupled_ppo_loss, entropy_bonus, kl_penalty, ppo_clip_loss, reinforce_loss,
-                          token_logprobs, truncated_is_loss)
+from algos.losses import (decoupled_ppo_loss, entropy_bonus, kl_cost_to_go, kl_penalty, ppo_clip_loss,
+                          reinforce_loss, token_logprobs, truncated_is_loss)
 from streams.schema import Columns, trajectory_table
 
 LOSSES = ("decoupled_ppo", "ppo", "truncated_is", "reinforce")
 ADVANTAGES = ("rae", "rae_state", "grpo", "grpo_mean", "rebn")
+KL_ESTIMATORS = ("loss", "reward")
 
 
 @dataclass
 class Objective:
     """What the learner optimises. Defaults: RAE advantages with the decoupled PPO loss (self-play)."""
 
-    loss: str = "decoupled_ppo"  # decoupled_ppo | ppo (clip on pi/mu: "naive" off-policy PPO) | truncated_is | reinforce
+    loss: str = "decoupled_ppo"  # decoupled_ppo | ppo (clip on pi/mu: "naive" off-policy PPO) | truncated_is |
+    # reinforce
     advantage: str = "rae"  # rae | rae_state (refined per observed state) | grpo (mean and std per role) |
     # grpo_mean (mean only) | rebn (whole batch)
     gamma: float = 1.0  # per-turn discount of returns within an agent's turns
@@ -39,7 +41,9 @@ class Objective:
     state_prior: float = 4.0  # rae_state: visits a state needs before its own mean outweighs the role baseline
     state_window: int = 64  # rae_state: a state's mean follows about its last this many visits
     state_capacity: int = 100_000  # rae_state: states kept (least recently seen dropped first)
-    kl_coef: float = 0.0  # > 0: KL penalty towards a reference policy
+    kl_coef: float = 0.0  # > 0: KL penalty towards a reference policy (the starting one)
+    kl_estimator: str = "loss"  # loss: k3 in the loss (forward KL's gradient) | reward: a cost in the advantage
+    # (reverse KL; magnetic mirror descent)
     entropy_coef: float = 0.0  # > 0: entropy bonus
     max_grad_norm: float = 1.0
     minibatches: int = 4  # optimizer steps per batch; > 1 recomputes pi_prox before the first
@@ -51,6 +55,8 @@ class Objective:
             raise ValueError(f"unknown advantage estimator {self.advantage!r}; choose one of {', '.join(ADVANTAGES)}")
         if self.minibatches < 1:
             raise ValueError(f"minibatches must be >= 1, not {self.minibatches}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; choose one of {', '.join(KL_ESTIMATORS)}")
         self.weight_range = tuple(self.weight_range)
 
 
@@ -228,14 +234,21 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
         proximal = proximal_all[index] if proximal_all is not None else logprobs.detach()
         mask = mb.action_mask[:, 1:]  # everything that describes targets shifts by one, too
         behaviour = mb.behaviour_logprobs[:, 1:]
-        loss, s = _loss(objective, logprobs, proximal, behaviour, advantages[index][:, None].expand_as(logprobs), mask)
+        token_advantages, kl_stats = advantages[index][:, None].expand_as(logprobs), {}
+        ref_logprobs = None
+        if reference is not None and objective.kl_coef > 0:
+            with torch.no_grad():
+                ref_logprobs = action_logprobs(reference, mb, temperature)
+            if objective.kl_estimator == "reward":
+                cost, kl_stats = kl_cost_to_go(proximal, ref_logprobs, mask)
+                token_advantages = token_advantages - objective.kl_coef * cost
+        loss, s = _loss(objective, logprobs, proximal, behaviour, token_advantages, mask)
+        s.update(kl_stats)
         if objective.entropy_coef > 0:
             entropy, e = entropy_bonus(logits, mask, temperature)
             loss = loss - objective.entropy_coef * entropy
             s.update(e)
-        if reference is not None and objective.kl_coef > 0:
-            with torch.no_grad():
-                ref_logprobs = action_logprobs(reference, mb, temperature)
+        if ref_logprobs is not None and objective.kl_estimator == "loss":
             kl, k = kl_penalty(logprobs, ref_logprobs, mask)
             loss = loss + objective.kl_coef * kl
             s.update(k)

@@ -74,6 +74,21 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.T
     return kl, {"kl_ref": kl.item()}
 
 
+def kl_cost_to_go(proximal_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor):
+    """Each action token's KL cost to go, for the KL as a cost in the advantage (``kl_estimator: reward``).
+
+    c_t = sum over the row's action tokens s >= t of (log pi_prox(a_s) - log pi_ref(a_s)). Subtracting
+    coef * c_t from a token's advantage makes the policy gradient that of E[R] - coef * KL(pi || pi_ref) over the
+    row's action (the reverse KL; its score-function estimate). The k3 penalty in the loss (``kl_penalty``)
+    differentiates to the forward KL(pi_ref || pi) instead (Tang and Munos, 2025), which holds on to every
+    move the reference plays. With the reverse KL the update is magnetic mirror descent's (Sokota et al.
+    2023: the reference is the magnet), whose last iterate converges in two-player zero-sum games.
+    """
+    per_token = (proximal_logprobs - ref_logprobs) * mask
+    to_go = per_token.flip(-1).cumsum(-1).flip(-1) * mask
+    return to_go, {"kl_ref": (per_token.sum() / mask.sum().clamp(min=1)).item()}
+
+
 def reinforce_loss(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor):
     """REINFORCE (Williams 1992): L = -E_t[A_t log pi_theta(a_t)]; on-policy, no correction."""
     loss = -masked_mean(advantages * logprobs, mask)

@@ -3,7 +3,7 @@ import math
 import torch
 
 from algos.advantages import grpo_advantages
-from algos.losses import kl_penalty, ppo_clip_loss, sft_loss, token_logprobs
+from algos.losses import kl_cost_to_go, kl_penalty, ppo_clip_loss, sft_loss, token_logprobs
 
 
 def test_ppo_clip_matches_hand_computed_values():
@@ -69,3 +69,13 @@ def test_kl_penalty_is_zero_at_the_reference_and_positive_away_from_it():
     # k3 per token: exp(d) - d - 1 with d = ref - logp = (-log 2, log 2)
     expected = ((0.5 + math.log(2) - 1) + (2 - math.log(2) - 1)) / 2
     assert math.isclose(kl.item(), expected, rel_tol=1e-6) and stats["kl_ref"] > 0
+
+
+def test_kl_cost_to_go_sums_the_rest_of_each_rows_action():
+    proximal = torch.tensor([[0.0, -1.0, -2.0, -3.0], [-1.0, -1.0, -1.0, 0.0]])
+    ref = torch.tensor([[5.0, -2.0, -2.5, -3.0], [-1.5, -0.5, -1.0, 9.0]])
+    mask = torch.tensor([[False, True, True, True], [True, True, True, False]])
+    cost, stats = kl_cost_to_go(proximal, ref, mask)
+    # per token log pi - log ref: row 0 (masked, 1, 0.5, 0), row 1 (0.5, -0.5, 0, masked)
+    assert torch.allclose(cost, torch.tensor([[0.0, 1.5, 0.5, 0.0], [0.0, -0.5, 0.0, 0.0]]))
+    assert math.isclose(stats["kl_ref"], 1.5 / 6, rel_tol=1e-6)

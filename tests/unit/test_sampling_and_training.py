@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from actors.sampling import sample
 from actors.training import Objective, TrainerState, action_logprobs, collate, policy_gradient_step
 from actors.weights import load_weights, weights_to_bytes
-from algos.losses import token_logprobs
+from algos.losses import kl_cost_to_go, token_logprobs
 from streams.schema import Columns, trajectory_table
 
 
@@ -107,6 +107,35 @@ def test_a_step_moves_probability_towards_positive_advantage(model_and_tokenizer
         again = token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1],
                                batch.input_ids[:, 1:])
     assert torch.allclose(again[mask], batch.behaviour_logprobs[:, 1:][mask], atol=1e-4)
+
+
+def test_the_kl_as_a_cost_pulls_sampled_moves_towards_the_reference(model_and_tokenizer, tiny_model_dir):
+    """kl_estimator=reward: with nothing to learn from the returns, a step descends coef * E[(log pi - log ref) log pi]:
+    the moves the policy samples more often than the reference lose probability, the others gain."""
+    _, tok = model_and_tokenizer
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():
+        for param in reference.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(5)))
+    ps = prompts(tok)[:3]
+    samples = sample(model, ps, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=4,
+                     generator=torch.Generator().manual_seed(4))
+    rows = [row(p, s, ret=0.0, episode=f"e{i}") for i, (p, s) in enumerate(zip(ps, samples))]
+    batch = collate(trajectory_table(rows), tok.pad_token_id)
+    mask = batch.action_mask[:, 1:]
+    with torch.no_grad():
+        cost, _ = kl_cost_to_go(action_logprobs(model, batch, 1.0), action_logprobs(reference, batch, 1.0), mask)
+    objective = Objective(loss="reinforce", advantage="grpo_mean", kl_coef=1.0, kl_estimator="reward", minibatches=1)
+    stats = policy_gradient_step(model, torch.optim.SGD(model.parameters(), lr=0.05), batch, objective,
+                                 TrainerState(), temperature=1.0, reference=reference)
+    with torch.no_grad():
+        after = action_logprobs(model, batch, 1.0)
+    before = batch.behaviour_logprobs[:, 1:]
+    assert cost.abs().sum() > 0 and stats["kl_ref"] != 0
+    assert (cost * after)[mask].sum() < (cost * before)[mask].sum()
+    with pytest.raises(ValueError, match="KL estimator"):
+        Objective(kl_estimator="k2")
 
 
 def test_the_same_version_gap_leaves_out_tokens_of_older_versions(model_and_tokenizer, tiny_model_dir):
