@@ -10,7 +10,10 @@ its own learner, replay and rollout actor, on an embedded Ray cluster over ZeroM
 - the exploitability (NashConv, OpenSpiel) of the main agent's Kuhn Poker policy before and after: its
   probability of each legal move at each of the 12 information states, read from the language model
   (the probability of the move's text and end of sequence after the state's prompt, normalised over the
-  legal moves: what sampling at temperature 1 plays, given that it plays a legal move).
+  legal moves: what sampling at temperature 1 plays, given that it plays a legal move);
+- the base model's and the main agent's win rate (share of hands won) and chips a hand against the random
+  player, computed exactly from those move probabilities. (No policy within 0.1 of NashConv wins 0.6 of its
+  hands against random: benchmarks/kuhn_bounds.py.)
 
 Last line:
 
@@ -66,6 +69,20 @@ def kuhn_prompt(info_state: str) -> tuple[str, list[str]]:
     return game.observation(game.current_player), moves
 
 
+def opponent_probabilities(opponent):
+    """``probabilities(prompt, moves)`` of a fixed opponent with a ``policy(game)`` (envs/opponents.py)."""
+    games = {}
+    for info_state in (f"{card}{history}" for card in range(3) for history in ("", "p", "b", "pb")):
+        game = kuhn_state(info_state)
+        games[game.observation(game.current_player)] = game
+
+    def probabilities(prompt: str, moves: list[str]) -> list[float]:
+        policy = opponent.policy(games[prompt])
+        return [policy.get(move.strip("[]"), 0.0) for move in moves]
+
+    return probabilities
+
+
 @torch.no_grad()
 def move_probabilities(model, tokenizer, prompt: str, moves: list[str]) -> list[float]:
     """P(move text + EOS | prompt) for each move, normalised over ``moves``."""
@@ -80,28 +97,64 @@ def move_probabilities(model, tokenizer, prompt: str, moves: list[str]) -> list[
     return [float(torch.exp(torch.tensor(s) - total)) for s in scores]
 
 
+def model_probabilities(model_dir: str | Path):
+    """``probabilities(prompt, moves)`` of the language-model policy in ``model_dir``."""
+    model, tokenizer = load_policy(model_dir)
+    return lambda prompt, moves: move_probabilities(model, tokenizer, prompt, moves)
+
+
 def nash_conv(model_dir: str | Path) -> tuple[float, dict]:
     """NashConv of the policy in ``model_dir`` playing both seats of Kuhn Poker, and its move table."""
-    model, tokenizer = load_policy(model_dir)
-    return policy_nash_conv(lambda prompt, moves: move_probabilities(model, tokenizer, prompt, moves))
+    return policy_nash_conv(model_probabilities(model_dir))
 
 
 def policy_nash_conv(probabilities) -> tuple[float, dict]:
     """NashConv (OpenSpiel) of a policy given as ``probabilities(prompt, moves) -> [p(move) for move in moves]``,
     playing both seats, and its move table."""
-    import pyspiel
-    from open_spiel.python import policy as spiel_policy
     from open_spiel.python.algorithms import exploitability
 
-    game = pyspiel.load_game("kuhn_poker")
-    tabular = spiel_policy.TabularPolicy(game)
+    tabular, table = tabular_policy(probabilities)
+    return float(exploitability.nash_conv(tabular.game, tabular)), table
+
+
+def tabular_policy(probabilities):
+    """An OpenSpiel tabular Kuhn Poker policy read from ``probabilities(prompt, moves)``, and its move table."""
+    import pyspiel
+    from open_spiel.python import policy as spiel_policy
+
+    tabular = spiel_policy.TabularPolicy(pyspiel.load_game("kuhn_poker"))
     table = {}
     for info_state, row in tabular.state_lookup.items():
         prompt, moves = kuhn_prompt(info_state)
         probs = probabilities(prompt, moves)
         tabular.action_probability_array[row] = probs  # moves come in OpenSpiel's action order
         table[info_state] = dict(zip(moves, (round(p, 3) for p in probs)))
-    return float(exploitability.nash_conv(game, tabular)), table
+    return tabular, table
+
+
+def exact_vs_random(policy) -> tuple[float, float]:
+    """Exactly, over every deal and move: the OpenSpiel Kuhn ``policy``'s win rate (share of hands won) and mean
+    chips won per hand against the uniformly random player, each seat half the time."""
+    from open_spiel.python import policy as spiel_policy
+
+    game = policy.game
+    opponent = spiel_policy.UniformRandomPolicy(game)
+
+    def walk(state, p, me):  # -> (probability of a won hand, expected chips), summed below ``state``
+        if state.is_terminal():
+            return p * (state.returns()[me] > 0), p * state.returns()[me]
+        if state.is_chance_node():
+            children = state.chance_outcomes()
+        else:
+            children = (policy if state.current_player() == me else opponent).action_probabilities(state).items()
+        wins = chips = 0.0
+        for action, q in children:
+            w, c = walk(state.child(action), p * q, me)
+            wins, chips = wins + w, chips + c
+        return wins, chips
+
+    seats = [walk(game.new_initial_state(), 1.0, me) for me in (0, 1)]
+    return sum(w for w, _ in seats) / 2, sum(c for _, c in seats) / 2
 
 
 def main(argv: list[str]) -> int:
@@ -132,10 +185,15 @@ def main(argv: list[str]) -> int:
     played = [s for s in state["snapshots"]
               if any(g > 0 for a, b, _, _, g in state["payoff"]["counts"] if b == s)]
     print(f"NashConv (OpenSpiel): base model {base_nash:.4f}, {mains[0]} {main_nash:.4f}")
+    exact = {name: exact_vs_random(tabular_policy(model_probabilities(path))[0])
+             for name, path in (("base", base), (mains[0], run_dir / "members" / mains[0] / "policy"))}
+    for name, (wins, chips) in exact.items():
+        print(f"{name} vs random, exactly from its move probabilities: win rate {wins:.3f}, chips a hand {chips:+.3f}")
     print(f"snapshots taken {len(state['snapshots'])}, played against {len(played)}; league minutes {minutes:.1f}")
     (out / "league.json").write_text(json.dumps({
         "run_dir": str(run_dir), "base_nash_conv": base_nash, "main_nash_conv": main_nash, "base_policy": base_table,
         "main_policy": main_table, "evaluations": summary["evaluations"], "snapshots_played": played,
+        "exact_vs_random": {name: {"win_rate": w, "chips": c} for name, (w, c) in exact.items()},
         "minutes": minutes}, indent=1))
     print(f"members={len(cfg['league']['members'])} snapshots={len(state['snapshots'])} "
           f"matches={state['stats']['matches']} main_exploitability={main_nash:.4f} "

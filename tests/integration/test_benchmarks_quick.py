@@ -52,6 +52,8 @@ def test_league_quick_on_ray(tmp_path, tiny_model_dir):
     report = json.loads((tmp_path / "league.json").read_text())
     assert report["snapshots_played"]  # snapshots were served from disk by rollout actors and played
     assert 0 <= report["main_nash_conv"] <= 3 and len(report["main_policy"]) == 12  # every information state
+    assert set(report["exact_vs_random"]) == {"base", "main"}
+    assert all(0 <= v["win_rate"] <= 1 and -2 <= v["chips"] <= 2 for v in report["exact_vs_random"].values())
 
 
 def test_tictactoe_tactics_scores_every_position_with_a_threat(tiny_model_dir):
@@ -80,30 +82,50 @@ def test_tictactoe_tactics_scores_every_position_with_a_threat(tiny_model_dir):
     assert all(0.0 <= float(v) <= 1.0 for v in numbers.groups())
 
 
-def test_kuhn_nash_conv_reads_each_move_as_openspiel_numbers_it():
-    """The league benchmark's NashConv: each information state's two moves in OpenSpiel's action order (pass,
-    bet), so Kuhn's equilibrium player scores 0 and the same player with call and fold swapped does not."""
+def load_league_benchmark():
     import importlib.util
-
-    from envs.opponents import KuhnEquilibrium
 
     spec = importlib.util.spec_from_file_location("league_benchmark", BENCHMARKS / "league.py")
     league = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(league)
-    equilibrium = KuhnEquilibrium(alpha=0.2)
-    games = {}
-    for card in range(3):
-        for history in ("", "p", "b", "pb"):
-            game = league.kuhn_state(f"{card}{history}")
-            games[game.observation(game.current_player)] = game
+    return league
 
-    def play(prompt, moves, swap=False):
-        policy = equilibrium.policy(games[prompt])
-        probs = [policy[move.strip("[]")] for move in moves]
-        return probs[::-1] if swap and moves[0] == "[fold]" else probs
+
+def test_kuhn_nash_conv_reads_each_move_as_openspiel_numbers_it():
+    """The league benchmark's NashConv: each information state's two moves in OpenSpiel's action order (pass,
+    bet), so Kuhn's equilibrium player scores 0 and the same player with call and fold swapped does not."""
+    from envs.opponents import KuhnEquilibrium
+
+    league = load_league_benchmark()
+    play = league.opponent_probabilities(KuhnEquilibrium(alpha=0.2))
+
+    def swapped(prompt, moves):
+        probs = play(prompt, moves)
+        return probs[::-1] if moves[0] == "[fold]" else probs
 
     nash_conv, table = league.policy_nash_conv(play)
     assert nash_conv == pytest.approx(0.0, abs=1e-9)
     assert table["0b"] == {"[fold]": 1.0, "[call]": 0.0} and table["2pb"] == {"[fold]": 0.0, "[call]": 1.0}
-    swapped, _ = league.policy_nash_conv(lambda prompt, moves: play(prompt, moves, swap=True))
-    assert swapped > 1.0
+    assert league.policy_nash_conv(swapped)[0] > 1.0
+
+
+def test_kuhn_exact_play_against_random():
+    """Win rate and chips against the uniform player, exactly. By hand: a player who always checks or folds
+    wins only the showdowns after two checks (1/2 of its hands reach one, it wins half of them) and loses its ante
+    whenever random bets (1/2): 0.25 of hands, -0.5 chips a hand. The uniform player against itself: 0.5, 0."""
+    league = load_league_benchmark()
+    passive, _ = league.tabular_policy(lambda prompt, moves: [1.0, 0.0])
+    assert league.exact_vs_random(passive) == pytest.approx((0.25, -0.5))
+    uniform, _ = league.tabular_policy(lambda prompt, moves: [0.5, 0.5])
+    assert league.exact_vs_random(uniform) == pytest.approx((0.5, 0.0))
+
+
+def test_kuhn_bounds_quick():
+    """No Kuhn Poker equilibrium wins more than half its hands against random (the league's two targets)."""
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "kuhn_bounds.py"), "--quick"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = re.fullmatch(r"equilibrium_vs_random=([\d.]+) max_vs_random_at_nash_conv_0.1=([\d.]+|nan) "
+                        r"seat_blind_min_nash_conv=([\d.]+)", done.stdout.strip().splitlines()[-1])
+    assert last, done.stdout[-500:]
+    assert float(last[1]) <= 0.5 + 1e-9 and float(last[3]) > 0
