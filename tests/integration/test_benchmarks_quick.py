@@ -120,12 +120,23 @@ def test_kuhn_exact_play_against_random():
     assert league.exact_vs_random(uniform) == pytest.approx((0.5, 0.0))
 
 
-def test_kuhn_bounds_quick():
-    """No Kuhn Poker equilibrium wins more than half its hands against random (the league's two targets)."""
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "kuhn_bounds.py"), "--quick"], capture_output=True,
-                          text=True, timeout=300)
+def test_kuhn_bounds_quick(tmp_path):
+    """No Kuhn Poker equilibrium wins more than half its hands against random (the league's two targets), and the
+    KL-regularised fixed point towards a uniform magnet lies near an equilibrium (uniform play itself: 0.917)."""
+    import json
+
+    uniform = {f"{card}{history}": ({"[fold]": 0.5, "[call]": 0.5} if history.endswith("b") else
+                                    {"[check]": 0.5, "[bet]": 0.5})
+               for card in range(3) for history in ("", "p", "b", "pb")}
+    (tmp_path / "league.json").write_text(json.dumps({"base_policy": uniform}))
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "kuhn_bounds.py"), "--quick", "--magnet",
+                           str(tmp_path / "league.json"), "--alphas", "0.05"], capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
     last = re.fullmatch(r"equilibrium_vs_random=([\d.]+) max_vs_random_at_nash_conv_0.1=([\d.]+|nan) "
-                        r"seat_blind_min_nash_conv=([\d.]+)", done.stdout.strip().splitlines()[-1])
+                        r"seat_blind_min_nash_conv=([\d.]+)", lines[-1])
     assert last, done.stdout[-500:]
     assert float(last[1]) <= 0.5 + 1e-9 and float(last[3]) > 0
+    fixed = next(line for line in lines if line.startswith("KL-regularised fixed point, alpha=0.05"))
+    assert float(re.search(r"NashConv ([\d.]+)", fixed)[1]) < 0.1
