@@ -13,7 +13,7 @@ uniformly random player. This prints, exactly (OpenSpiel over every deal and mov
   one for facing a bet, per card): what a model that ignores its seat and the history can reach;
 - with ``--magnet league.json`` (a league benchmark's report: its base model's move table), the fixed point of
   the KL-regularised update towards that magnet (``kl_estimator=reward``): at every information state
-  pi(a) proportional to magnet(a) * exp(Q(a) / alpha), Q its counterfactual values, iterated with damping; its
+  pi(a) proportional to magnet(a) * exp(Q(a) / alpha), Q its action values (OpenSpiel), iterated with damping; its
   NashConv for each alpha in ``--alphas``.
 
 Last line:
@@ -41,48 +41,32 @@ from league import exact_vs_random, opponent_probabilities, tabular_policy  # no
 from envs.opponents import KuhnEquilibrium  # noqa: E402
 
 
-def showdown(cards: tuple[int, int], history: str) -> int | None:
-    """Player 0's payoff at a terminal Kuhn history (p pass, b bet), None if the game goes on."""
-    higher = 1 if cards[0] > cards[1] else -1
-    return {"pp": higher, "bp": 1, "pbp": -1, "bb": 2 * higher, "pbb": 2 * higher}.get(history)
+def regularised_fixed_point(policy, magnet: np.ndarray, alpha: float, iterations: int = 20000,
+                            damping: float = 0.02) -> np.ndarray:
+    """The probability of bet or call at each row of the tabular ``policy`` with pi ∝ magnet * exp(Q / alpha) at
+    every information state, Q the action values against the policy itself (OpenSpiel's tree walk): the fixed
+    point of a reverse-KL regularised policy gradient towards ``magnet`` (magnetic mirror descent's), found by
+    damped iteration. ``policy`` is left holding it."""
+    from open_spiel.python.algorithms.action_value import TreeWalkCalculator
 
-
-def regularised_fixed_point(magnet: dict[str, float], alpha: float, iterations: int = 20000,
-                            damping: float = 0.02) -> dict[str, float]:
-    """The policy (probability of bet or call per information state) with pi ∝ magnet * exp(Q / alpha) at every
-    information state, Q the action values against the policy itself: the fixed point of a reverse-KL
-    regularised policy gradient towards ``magnet`` (magnetic mirror descent's), found by damped iteration."""
-    policy = dict(magnet)
-
-    def value(cards, history):  # player 0's expected payoff under ``policy``
-        payoff = showdown(cards, history)
-        if payoff is not None:
-            return payoff
-        bet = policy[str(cards[len(history) % 2]) + history]
-        return (1 - bet) * value(cards, history + "p") + bet * value(cards, history + "b")
-
-    def action_values(info):
-        card, history = int(info[0]), info[1:]
-        me, total, weight = len(history) % 2, np.zeros(2), 0.0
-        for other in (c for c in range(3) if c != card):
-            cards = (card, other) if me == 0 else (other, card)
-            reach = 1.0  # the opponent's probability of its own moves on the way here
-            for i, move in enumerate(history):
-                if i % 2 != me:
-                    bet = policy[str(cards[i % 2]) + history[:i]]
-                    reach *= bet if move == "b" else 1 - bet
-            sign = 1 if me == 0 else -1
-            total += reach * sign * np.array([value(cards, history + "p"), value(cards, history + "b")])
-            weight += reach
-        return total / weight
-
+    calculator, bets = TreeWalkCalculator(policy.game), magnet.copy()
     for _ in range(iterations):
-        target = {}
-        for info, m in magnet.items():
-            q = action_values(info)
-            target[info] = 1 / (1 + (1 - m) / m * np.exp((q[0] - q[1]) / alpha))
-        policy = {info: (1 - damping) * policy[info] + damping * target[info] for info in policy}
-    return policy
+        policy.action_probability_array[:] = np.stack([1 - bets, bets], axis=1)
+        q = np.array(calculator([policy, policy], policy).action_values)
+        target = 1 / (1 + (1 - magnet) / magnet * np.exp((q[:, 0] - q[:, 1]) / alpha))
+        bets = (1 - damping) * bets + damping * target
+    return bets
+
+
+def equilibria_vs_random() -> float:
+    """Print the equilibrium family's play against random; return its best share of hands won."""
+    best = 0.0
+    for alpha in (0.0, 1 / 6, 1 / 3):
+        equilibrium, _ = tabular_policy(opponent_probabilities(KuhnEquilibrium(alpha=alpha)))
+        wins, chips = exact_vs_random(equilibrium)
+        best = max(best, wins)
+        print(f"equilibrium alpha={alpha:.3f} vs random: win rate {wins:.4f}, chips a hand {chips:+.4f}")
+    return best
 
 
 def main(argv: list[str]) -> int:
@@ -96,51 +80,38 @@ def main(argv: list[str]) -> int:
     from open_spiel.python.algorithms import exploitability
     from scipy.optimize import differential_evolution
 
-    best_equilibrium = 0.0
-    for alpha in (0.0, 1 / 6, 1 / 3):
-        equilibrium, _ = tabular_policy(opponent_probabilities(KuhnEquilibrium(alpha=alpha)))
-        wins, chips = exact_vs_random(equilibrium)
-        best_equilibrium = max(best_equilibrium, wins)
-        print(f"equilibrium alpha={alpha:.3f} vs random: win rate {wins:.4f}, chips a hand {chips:+.4f}")
-
+    best_equilibrium = equilibria_vs_random()
     policy, _ = tabular_policy(lambda prompt, moves: [0.5, 0.5])
-    infos = list(policy.state_lookup)
-    rows = [policy.state_lookup[info] for info in infos]
+    infos = list(policy.state_lookup)  # in the order of the policy's rows
 
     def set_bets(x):  # x[i]: the probability of bet (or call) at information state infos[i]
-        policy.action_probability_array[rows] = np.stack([1 - x, x], axis=1)
+        policy.action_probability_array[:] = np.stack([1 - x, x], axis=1)
         return policy
 
     def nash_conv(x):
         return exploitability.nash_conv(policy.game, set_bets(np.clip(x, 0, 1)))
 
-    iterations, population = (5, 5) if args.quick else (300, 30)
-
     def penalised(x):
         return -exact_vs_random(set_bets(np.clip(x, 0, 1)))[0] + 100 * max(0.0, nash_conv(x) - args.bound)
-
-    found = differential_evolution(penalised, [(0, 1)] * len(infos), seed=args.seed, maxiter=iterations,
-                                   popsize=population, tol=1e-8)
-    x = np.clip(found.x, 0, 1)
-    excess = nash_conv(x)
-    wins, chips = exact_vs_random(set_bets(x))
-    print(f"most against random with NashConv <= {args.bound}: win rate {wins:.4f}, chips a hand {chips:+.4f} "
-          f"(its NashConv {excess:.4f}); bet or call: " + " ".join(f"{i}:{p:.2f}" for i, p in zip(infos, x)))
 
     def seat_blind(y):  # y[2 * card + facing a bet]
         return nash_conv(np.array([y[2 * int(info[0]) + info.endswith("b")] for info in infos]))
 
-    blind = differential_evolution(seat_blind, [(0, 1)] * 6, seed=args.seed, maxiter=iterations,
-                                   popsize=population, tol=1e-10)
+    search = dict(seed=args.seed, maxiter=5 if args.quick else 300, popsize=5 if args.quick else 30)
+    x = np.clip(differential_evolution(penalised, [(0, 1)] * len(infos), tol=1e-8, **search).x, 0, 1)
+    excess = nash_conv(x)
+    wins, chips = exact_vs_random(set_bets(x))
+    print(f"most against random with NashConv <= {args.bound}: win rate {wins:.4f}, chips a hand {chips:+.4f} "
+          f"(its NashConv {excess:.4f}); bet or call: " + " ".join(f"{i}:{p:.2f}" for i, p in zip(infos, x)))
+    blind = differential_evolution(seat_blind, [(0, 1)] * 6, tol=1e-10, **search)
     print("least NashConv playing each card the same in both seats: "
           f"{blind.fun:.4f} (J, Q, K: open {blind.x[0]:.2f} {blind.x[2]:.2f} {blind.x[4]:.2f}, "
           f"facing a bet {blind.x[1]:.2f} {blind.x[3]:.2f} {blind.x[5]:.2f})")
     if args.magnet:
         table = json.loads(Path(args.magnet).read_text())["base_policy"]
-        magnet = {info: moves.get("[bet]", moves.get("[call]")) for info, moves in table.items()}
+        magnet = np.array([table[info].get("[bet]", table[info].get("[call]")) for info in infos])
         for alpha in (float(a) for a in args.alphas.split(",")):
-            point = regularised_fixed_point(magnet, alpha, iterations=2000 if args.quick else 20000)
-            fixed = np.array([point[i] for i in infos])
+            fixed = regularised_fixed_point(policy, magnet, alpha, iterations=2000 if args.quick else 20000)
             print(f"KL-regularised fixed point, alpha={alpha:g}: NashConv {nash_conv(fixed):.4f}; bet or call: "
                   + " ".join(f"{i}:{p:.2f}" for i, p in zip(infos, fixed)))
     feasible = wins if excess <= args.bound + 1e-6 else float("nan")
