@@ -14,6 +14,9 @@ its own learner, replay and rollout actor, on an embedded Ray cluster over ZeroM
 - the base model's and the main agent's win rate (share of hands won) and chips a hand against the random
   player, computed exactly from those move probabilities. (No policy within 0.1 of NashConv wins 0.6 of its
   hands against random: benchmarks/kuhn_bounds.py.)
+- the NashConv of the average of the main agent's snapshots (each weighted by its own reach: the strategy that
+  plays one snapshot, drawn uniformly, per hand; fictitious play's average converges where its last iterate
+  need not). The main agent's own NashConv stays the measure of the last line.
 
 Last line:
 
@@ -132,6 +135,17 @@ def tabular_policy(probabilities):
     return tabular, table
 
 
+def average_nash_conv(policies: list) -> float:
+    """NashConv of the average of OpenSpiel Kuhn ``policies`` (each weighted by its own reach at every state:
+    the mixed strategy that draws one of them per hand, which fictitious play converges with), both seats."""
+    from open_spiel.python.algorithms import exploitability, policy_aggregator
+
+    game = policies[0].game
+    weights = [1.0 / len(policies)] * len(policies)
+    average = policy_aggregator.PolicyAggregator(game).aggregate([0, 1], [policies, policies], [weights, weights])
+    return float(exploitability.nash_conv(game, average))
+
+
 def exact_vs_random(policy) -> tuple[float, float]:
     """Exactly, over every deal and move: the OpenSpiel Kuhn ``policy``'s win rate (share of hands won) and mean
     chips won per hand against the uniformly random player, each seat half the time."""
@@ -185,6 +199,11 @@ def main(argv: list[str]) -> int:
     played = [s for s in state["snapshots"]
               if any(g > 0 for a, b, _, _, g in state["payoff"]["counts"] if b == s)]
     print(f"NashConv (OpenSpiel): base model {base_nash:.4f}, {mains[0]} {main_nash:.4f}")
+    own = [s for s in state["snapshots"] if s.startswith(f"{mains[0]}-v")]
+    average_nash = average_nash_conv([tabular_policy(model_probabilities(run_dir / "league" / "snapshots" / s))[0]
+                                      for s in own]) if own else None
+    if own:
+        print(f"NashConv of the average of {mains[0]}'s {len(own)} snapshots (one drawn per hand): {average_nash:.4f}")
     exact = {name: exact_vs_random(tabular_policy(model_probabilities(path))[0])
              for name, path in (("base", base), (mains[0], run_dir / "members" / mains[0] / "policy"))}
     for name, (wins, chips) in exact.items():
@@ -192,7 +211,7 @@ def main(argv: list[str]) -> int:
     print(f"snapshots taken {len(state['snapshots'])}, played against {len(played)}; league minutes {minutes:.1f}")
     (out / "league.json").write_text(json.dumps({
         "run_dir": str(run_dir), "base_nash_conv": base_nash, "main_nash_conv": main_nash, "base_policy": base_table,
-        "main_policy": main_table, "evaluations": summary["evaluations"], "snapshots_played": played,
+        "main_policy": main_table, "main_snapshots_average_nash_conv": average_nash, "evaluations": summary["evaluations"], "snapshots_played": played,
         "exact_vs_random": {name: {"win_rate": w, "chips": c} for name, (w, c) in exact.items()},
         "minutes": minutes}, indent=1))
     print(f"members={len(cfg['league']['members'])} snapshots={len(state['snapshots'])} "

@@ -53,6 +53,8 @@ def test_league_quick_on_ray(tmp_path, tiny_model_dir):
     assert report["snapshots_played"]  # snapshots were served from disk by rollout actors and played
     assert 0 <= report["main_nash_conv"] <= 3 and len(report["main_policy"]) == 12  # every information state
     assert set(report["exact_vs_random"]) == {"base", "main"}
+    average = report["main_snapshots_average_nash_conv"]  # None when the main agent had no snapshot yet
+    assert average is None or 0 <= average <= 3
     assert all(0 <= v["win_rate"] <= 1 and -2 <= v["chips"] <= 2 for v in report["exact_vs_random"].values())
 
 
@@ -107,6 +109,22 @@ def test_kuhn_nash_conv_reads_each_move_as_openspiel_numbers_it():
     assert nash_conv == pytest.approx(0.0, abs=1e-9)
     assert table["0b"] == {"[fold]": 1.0, "[call]": 0.0} and table["2pb"] == {"[fold]": 0.0, "[call]": 1.0}
     assert league.policy_nash_conv(swapped)[0] > 1.0
+
+
+def test_kuhn_average_of_policies_weights_each_by_its_own_reach():
+    """Two Kuhn equilibria averaged stay an equilibrium; one policy averaged is itself; and "always bet or call"
+    averaged with "always check or fold" is not uniform play: after checking and facing a bet only the checker
+    is there to answer (it folds)."""
+    from envs.opponents import KuhnEquilibrium
+
+    league = load_league_benchmark()
+    equilibria = [league.tabular_policy(league.opponent_probabilities(KuhnEquilibrium(alpha=a)))[0] for a in (0, 1 / 3)]
+    assert league.average_nash_conv(equilibria) == pytest.approx(0.0, abs=1e-9)
+    uniform = lambda prompt, moves: [0.5, 0.5]  # noqa: E731
+    assert league.average_nash_conv([league.tabular_policy(uniform)[0]]) == pytest.approx(league.policy_nash_conv(uniform)[0])
+    bold, _ = league.tabular_policy(lambda prompt, moves: [0.0, 1.0])
+    timid, _ = league.tabular_policy(lambda prompt, moves: [1.0, 0.0])
+    assert abs(league.average_nash_conv([bold, timid]) - league.policy_nash_conv(uniform)[0]) > 0.05
 
 
 def test_kuhn_exact_play_against_random():
