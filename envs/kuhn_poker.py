@@ -49,14 +49,19 @@ class KuhnPoker:
     def legal_actions(self) -> list[str]:
         return [bracket(m) for m in self.moves()]
 
+    # bumped whenever expert_action() changes: base models warmed up on it are cached under the revision
+    expert_revision = 1
+
     def expert_action(self) -> str | None:
         """What a player who knows only the cards' order does: with the K bet, or call a bet; with the J check,
-        or fold to a bet (calling with the J and folding the K are dominated); None with the Q (no opinion: the
-        base model's warm-up then plays a random legal move, ``model.tiny.warmup_expert_share``). No bluffs
-        and no mixing: the equilibrium's frequencies are left for learning."""
+        or fold to a bet (calling with the J and folding the K are dominated); with the Q check (a bet with the
+        Q only folds a J and gets called by a K: against those two undominated answers it never gains); None
+        with the Q facing a bet (no opinion: the base model's warm-up then plays a random legal move,
+        ``model.tiny.warmup_expert_share``). No bluffs and no mixing: the equilibrium's frequencies are left
+        for learning."""
         card = self.cards[self.current_player]
         if card == 1:
-            return None
+            return None if self.facing_bet else bracket("check")
         strong = card == 2
         return bracket(("call" if strong else "fold") if self.facing_bet else ("bet" if strong else "check"))
 

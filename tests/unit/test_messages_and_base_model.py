@@ -78,3 +78,14 @@ def test_demonstrations_play_slow_environments_on_a_mock_clock_and_mix_in_the_ex
     assert cfg.warmup_env == "tool_latency" and cfg.warmup_env_args["lookups"] == 1
     assert tiny_model_config(load_config([])).warmup_env == "tictactoe"
     assert tiny_model_config(load_config(["model.tiny.warmup_env=tictactoe", "env=tool_latency"])).warmup_env_args == {}
+
+
+def test_a_new_expert_revision_names_a_new_base_model(monkeypatch):
+    from envs.kuhn_poker import KuhnPoker
+
+    expert = TinyModelConfig(warmup_env="kuhn_poker", warmup_expert_share=0.5)
+    plain = TinyModelConfig(warmup_env="kuhn_poker")
+    before = expert.fingerprint(), plain.fingerprint()
+    monkeypatch.setattr(KuhnPoker, "expert_revision", KuhnPoker.expert_revision + 1)
+    assert expert.fingerprint() != before[0]  # a cached model warmed up on the old expert is not reused
+    assert plain.fingerprint() == before[1]  # no expert moves in its warm-up: the revision does not matter
