@@ -200,9 +200,10 @@ def main(argv: list[str]) -> int:
               if any(g > 0 for a, b, _, _, g in state["payoff"]["counts"] if b == s)]
     print(f"NashConv (OpenSpiel): base model {base_nash:.4f}, {mains[0]} {main_nash:.4f}")
     own = [s for s in state["snapshots"] if s.startswith(f"{mains[0]}-v")]
-    average_nash = average_nash_conv([tabular_policy(model_probabilities(run_dir / "league" / "snapshots" / s))[0]
-                                      for s in own]) if own else None
+    average_nash = None  # no snapshot of the main agent yet (a --quick run may end before one)
     if own:
+        snapshots = run_dir / "league" / "snapshots"
+        average_nash = average_nash_conv([tabular_policy(model_probabilities(snapshots / s))[0] for s in own])
         print(f"NashConv of the average of {mains[0]}'s {len(own)} snapshots (one drawn per hand): {average_nash:.4f}")
     exact = {name: exact_vs_random(tabular_policy(model_probabilities(path))[0])
              for name, path in (("base", base), (mains[0], run_dir / "members" / mains[0] / "policy"))}
@@ -211,7 +212,8 @@ def main(argv: list[str]) -> int:
     print(f"snapshots taken {len(state['snapshots'])}, played against {len(played)}; league minutes {minutes:.1f}")
     (out / "league.json").write_text(json.dumps({
         "run_dir": str(run_dir), "base_nash_conv": base_nash, "main_nash_conv": main_nash, "base_policy": base_table,
-        "main_policy": main_table, "main_snapshots_average_nash_conv": average_nash, "evaluations": summary["evaluations"], "snapshots_played": played,
+        "main_policy": main_table, "main_snapshots_average_nash_conv": average_nash,
+        "evaluations": summary["evaluations"], "snapshots_played": played,
         "exact_vs_random": {name: {"win_rate": w, "chips": c} for name, (w, c) in exact.items()},
         "minutes": minutes}, indent=1))
     print(f"members={len(cfg['league']['members'])} snapshots={len(state['snapshots'])} "
