@@ -53,11 +53,13 @@ class TinyModelConfig:
 
     def fingerprint(self) -> str:
         fields = asdict(self)
+        for key, neutral in (("warmup_env_args", {}), ("warmup_expert_share", 0.0)):
+            if fields[key] == neutral:  # models made before these fields existed keep their name
+                del fields[key]
         if self.warmup_expert_share:  # the demonstrations depend on the env's expert_action(): on its revision too
-            fields["expert_revision"] = getattr(make(self.warmup_env, **self.warmup_env_args), "expert_revision", 0)
-        for key, neutral in (("warmup_env_args", {}), ("warmup_expert_share", 0.0), ("expert_revision", 0)):
-            if fields.get(key, neutral) == neutral:  # models made before these fields existed keep their name
-                fields.pop(key, None)
+            revision = getattr(make(self.warmup_env, **self.warmup_env_args), "expert_revision", 0)
+            if revision:  # an expert never revised keeps its models' names
+                fields["expert_revision"] = revision
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 

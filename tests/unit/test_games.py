@@ -88,7 +88,8 @@ def test_kuhn_poker_moves_and_private_cards():
 @pytest.mark.parametrize("cards,moves,expert", [
     ((2, 0), [], "[bet]"), ((0, 2), [], "[check]"), ((1, 2), [], "[check]"), ((2, 1), ["check"], "[check]"),
     ((0, 2), ["check"], "[bet]"), ((0, 2), ["bet"], "[call]"), ((2, 0), ["bet"], "[fold]"),
-    ((2, 0), ["check", "bet"], "[call]"), ((0, 2), ["check", "bet"], "[fold]"), ((1, 0), ["check", "bet"], None), ((2, 1), ["bet"], None),  # the Q facing a bet: no opinion
+    ((2, 0), ["check", "bet"], "[call]"), ((0, 2), ["check", "bet"], "[fold]"),
+    ((1, 0), ["check", "bet"], None), ((2, 1), ["bet"], None),  # the Q facing a bet: no opinion
 ])
 def test_kuhn_expert_plays_the_dominant_moves_and_leaves_the_q_facing_a_bet_alone(cards, moves, expert):
     game, _ = kuhn(cards, moves)
