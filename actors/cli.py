@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(cfg, indent=2))
         return 0
     if args.command == "league":
-        from actors.league_run import LeagueRun
+        from actors.runs.league_steward import LeagueRun
 
         summary = LeagueRun(cfg).execute()
         print_league_table(summary["run_dir"])
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def scale_command(counts: list[str], run_dir: str | None) -> int:
     """``tidal scale rollout=4``: ask a running run for that many actors; prints its answer."""
-    from actors.control import latest_run, send_scale
+    from actors.runs.control import latest_run, send_scale
 
     try:
         wanted = [parse_count(c) for c in counts]
@@ -144,7 +144,7 @@ def parse_count(text: str) -> tuple[str, int]:
 def print_league_table(run_dir: str) -> int:
     """Print a league run's ratings and payoff matrix; write its ratings-over-time plot beside its state."""
     from actors.league import load_state
-    from actors.league_table import format_table, plot_ratings
+    from actors.leagues.table import format_table, plot_ratings
 
     try:
         state = load_state(Path(run_dir).expanduser())

@@ -47,11 +47,11 @@ from typing import Iterator
 
 import trio
 
-from actors.endpoints import Inbox, Outbox
+from streams.endpoints import Inbox, Outbox
 from actors.evaluation import EvaluationTally
-from actors.matchmaking import WEIGHTINGS, Payoff, draw, pairwise_scores, pfsp_probabilities
+from actors.leagues.matchmaking import WEIGHTINGS, Payoff, draw, pairwise_scores, pfsp_probabilities
 from envs.base import StepResult
-from actors.snapshots import parse_snapshot_id
+from actors.engines.snapshots import parse_snapshot_id
 from envs.registry import OPPONENTS, make, make_opponent
 from streams.messages import VERSION_TOPIC, Completion, GenerationRequest, MatchAssigned, MatchRequest, MatchResult, \
     VersionAnnounced
@@ -83,7 +83,7 @@ class EnvConfig:
     start_versions: dict = field(default_factory=dict)  # a league: each member's start version
     opponent: str = "random"  # the fixed opponent of the training games below
     opponent_share: float = 0.0  # fraction of training games against ``opponent`` instead of the mirror
-    # The policy's seat in those games: "uniform", or a PFSP weighting (actors.matchmaking: hard, variance,
+    # The policy's seat in those games: "uniform", or a PFSP weighting (actors.leagues.matchmaking: hard, variance,
     # linear_capped) over its decayed score in each seat against ``opponent``: more games where it is weaker.
     opponent_seat: str = "uniform"
     opponent_seat_decay: float = 0.995  # the per-game decay of those scores (about the last 200 games)

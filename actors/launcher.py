@@ -267,7 +267,7 @@ def check_config(cfg: dict) -> None:
 
 def launch(cfg: dict) -> dict:
     """Run the job ``cfg`` describes; returns (and writes) its summary. Ctrl-C ends it cleanly."""
-    from actors.run import Run
+    from actors.runs.driver import Run
 
     check_config(cfg)
     return Run(cfg).execute()

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import trio
 
-from actors.endpoints import Inbox, Outbox
-from actors.matchmaking import ROLES, MatchmakingConfig, Payoff, check_reset_probabilities, choose_opponent, \
+from streams.endpoints import Inbox, Outbox
+from actors.leagues.matchmaking import ROLES, MatchmakingConfig, Payoff, check_reset_probabilities, choose_opponent, \
     pairwise_scores, reset_after_snapshot, seat_match, snapshot_due
-from actors.snapshots import SnapshotError, verify_snapshot
+from actors.engines.snapshots import SnapshotError, verify_snapshot
 from envs.registry import OPPONENTS
 from streams.messages import MatchAssigned, MatchRequest, MatchResult
 from streams.wire import Kind

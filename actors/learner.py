@@ -20,7 +20,7 @@ the cursor (sent again after a restart) is dropped and counted, and so is one th
 restart, before replay's ``rewind`` sends the missing ones in order). A restarted learner thus goes on from its
 checkpoint with the batches after it, and with the same random state: it retrains them as before.
 
-In a league, ``snapshot(root)`` asks for a frozen snapshot of the policy (``actors/snapshots.py``): it is
+In a league, ``snapshot(root)`` asks for a frozen snapshot of the policy (``actors/engines/snapshots.py``): it is
 written between two updates, as ``<root>/<policy_id>-v<version>``, and listed in ``statistics()["snapshots"]``.
 ``snapshot(root, reset=True)`` (an exploiter's, AlphaStar) then starts the policy again from the base model:
 the base weights, a fresh optimizer and fresh advantage baselines, as one more version (the version only goes
@@ -40,11 +40,11 @@ from pathlib import Path
 import torch
 import trio
 
-from actors.base_model import load_policy
-from actors.endpoints import Inbox, Outbox
-from actors.snapshots import snapshot_id, write_snapshot
+from actors.engines.base_model import load_policy
+from streams.endpoints import Inbox, Outbox
+from actors.engines.snapshots import snapshot_id, write_snapshot
 from actors.training import Objective, TrainerState, collate, policy_gradient_step
-from actors.weights import WeightsPublisher, weights_to_bytes
+from streams.weights import WeightsPublisher, weights_to_bytes
 from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, VersionAnnounced, WeightsFetch
 from streams.schema import Columns, decode_batch
 from streams.wire import Kind

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import trio
 
-from actors.endpoints import Inbox, Outbox
+from streams.endpoints import Inbox, Outbox
 from actors.spill import Spill, episode_source
 from streams.schema import Columns, decode_table, encode_table
 from streams.wire import Kind

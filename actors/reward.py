@@ -18,7 +18,7 @@ from typing import Callable
 import pyarrow as pa
 import trio
 
-from actors.endpoints import Inbox, Outbox
+from streams.endpoints import Inbox, Outbox
 from streams.schema import Columns, decode_table, encode_table
 from streams.wire import Kind
 

@@ -4,9 +4,9 @@ Two engines (``backend``), one interface and one output: tokens, the behaviour l
 version of every token, each completion sent to the address named in its request.
 
 - ``hf``: requests from every env actor queue up; the actor takes as many as are waiting (up to
-  ``max_batch``) and samples them in one batch in a worker thread (``actors/sampling.py``). New weights are
+  ``max_batch``) and samples them in one batch in a worker thread (``actors/engines/hf.py``). New weights are
   applied between batches, or in the middle of one (interruptible generation).
-- ``vllm``: every request is a trio task on vLLM's async engine (``actors/vllm_engine.py``), which batches
+- ``vllm``: every request is a trio task on vLLM's async engine (``actors/engines/vllm_engine.py``), which batches
   them continuously, up to ``max_batch`` at once. New weights are loaded into the running engine as soon as
   they arrive; requests in flight resume from their prefix with them.
 
@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 import torch
 import trio
 
-from actors.base_model import load_policy
-from actors.endpoints import Inbox, Outbox
-from actors.sampling import sample
-from actors.snapshots import SnapshotError, load_snapshot, parse_snapshot_id
-from actors.vllm_engine import VllmOptions
-from actors.weights import FetchedWeights, WeightsFollower, load_weights
+from actors.engines.base_model import load_policy
+from streams.endpoints import Inbox, Outbox
+from actors.engines.hf import sample
+from actors.engines.snapshots import SnapshotError, load_snapshot, parse_snapshot_id
+from actors.engines.vllm_engine import VllmOptions
+from streams.weights import FetchedWeights, WeightsFollower, load_weights
 from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest, WeightsManifest
 from streams.wire import Kind
 
@@ -133,7 +133,7 @@ class RolloutActor:
         if self.cfg.backend == "vllm":
             from transformers import AutoTokenizer
 
-            from actors.vllm_engine import VllmSampler
+            from actors.engines.vllm_engine import VllmSampler
 
             tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_path)
             return VllmSampler(self.cfg.model_path, tokenizer.eos_token_id, options=self.cfg.vllm,

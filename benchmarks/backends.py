@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def prompts_of(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
-    from actors.base_model import demonstrations
+    from actors.engines.base_model import demonstrations
 
     pairs = demonstrations("tictactoe", max(n // 4, 8), seed)
     prompts = [prompt for prompt, _ in pairs]
@@ -65,10 +65,10 @@ class Client:
 async def measure(args, model_dir: str, prompts: list[list[int]], weights_dir: str) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from actors.endpoints import Inbox, Outbox
+    from streams.endpoints import Inbox, Outbox
     from actors.rollout import RolloutActor, RolloutConfig
     from actors.training import Objective, TrainerState, behaviour_gap, policy_gradient_step, single_turn_batch
-    from actors.weights import WeightsPublisher, weights_to_bytes
+    from streams.weights import WeightsPublisher, weights_to_bytes
     from streams.channels import MemoryTransport
     from streams.messages import WEIGHTS_TOPIC, Completion
     from streams.wire import Kind
@@ -136,7 +136,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.requests, args.rounds = 512, 2
-    from actors.base_model import TinyModelConfig, ensure_base_model
+    from actors.engines.base_model import TinyModelConfig, ensure_base_model
 
     cache = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("model.cache_dir=")),
                  "~/.cache/tidal/models")

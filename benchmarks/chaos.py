@@ -34,7 +34,7 @@ import ray
 
 from actors.cli import load_config
 from actors.learner import checkpoint_cursor
-from actors.run import Run
+from actors.runs.driver import Run
 from actors.spill import account_episodes
 
 KINDS = ["reward", "replay", "learner", "env", "rollout"]

@@ -85,7 +85,7 @@ def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir:
     from transformers import AutoTokenizer
 
     from actors.env import EnvActor, EnvConfig
-    from actors.scripted_rollout import serve_scripted
+    from actors.engines.scripted import serve_scripted
     from streams.channels import MemoryTransport, ZmqTransport
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -158,7 +158,7 @@ def main(argv=None) -> None:
     steps = args.steps or (10_000 if args.quick else 60_000)
     logging.basicConfig(level=logging.WARNING)
 
-    from actors.base_model import ensure_base_model, tiny_model_config
+    from actors.engines.base_model import ensure_base_model, tiny_model_config
     from actors.cli import load_config
 
     cfg = load_config([])  # the default job's tiny model: only its tokenizer is used

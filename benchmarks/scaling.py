@@ -32,9 +32,9 @@ import threading
 import time
 
 from actors.cli import load_config
-from actors.control import send_scale
-from actors.monitor import episodes_per_s
-from actors.run import Run
+from actors.runs.control import send_scale
+from actors.runs.monitor import episodes_per_s
+from actors.runs.driver import Run
 
 SETTLE_S = 3.0  # after the env actors started sending to the joining actors: their queues fill
 

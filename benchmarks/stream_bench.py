@@ -12,7 +12,7 @@ import numpy as np
 import trio
 import zmq
 
-from actors.endpoints import Inbox, Outbox
+from streams.endpoints import Inbox, Outbox
 from streams.channels import ZmqTransport
 from streams.schema import Columns, decode_table, encode_table, trajectory_table
 from streams.wire import Kind
@@ -175,7 +175,7 @@ def weights_subscriber(address: str, report: str, index: int) -> None:
     """Follows the weights like a rollout actor: fetch, check, copy into the model's tensors, report."""
     import torch
 
-    from actors.weights import WeightsFollower, tensors_from_buffer
+    from streams.weights import WeightsFollower, tensors_from_buffer
     from streams.messages import WeightsManifest
 
     torch.set_num_threads(1)  # as a rollout actor does (rollout.threads): one core each
@@ -217,7 +217,7 @@ async def publish_rounds(rounds: int) -> dict[int, float]:
     that a change in the machine's load falls on all of them alike."""
     from safetensors.torch import save as save_tensors
 
-    from actors.weights import WeightsPublisher
+    from streams.weights import WeightsPublisher
     from streams.messages import WeightsFetch
 
     transport, ctx = ZmqTransport(), mp.get_context("spawn")

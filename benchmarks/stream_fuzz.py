@@ -15,8 +15,8 @@ import time
 import trio
 import zmq
 
-from actors.base_model import TinyModelConfig, ensure_base_model
-from actors.endpoints import Inbox, Outbox
+from actors.engines.base_model import TinyModelConfig, ensure_base_model
+from streams.endpoints import Inbox, Outbox
 from actors.env import EnvActor, EnvConfig
 from actors.host import LocalCluster
 from actors.learner import LearnerActor, LearnerConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.base_model import TinyModelConfig, ensure_base_model
+from actors.engines.base_model import TinyModelConfig, ensure_base_model
 
 # A quick warm-up: enough to know the move format sometimes, not to play well. Tests check the plumbing.
 TEST_MODEL = TinyModelConfig(warmup_games=200, warmup_steps=30, warmup_batch=32)

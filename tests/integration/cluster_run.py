@@ -18,7 +18,7 @@ from pathlib import Path
 import ray
 from ray.cluster_utils import Cluster
 
-from actors.run import Run
+from actors.runs.driver import Run
 from streams.zmq_channels import CurveKeys
 from tests.integration.topology import small_config
 

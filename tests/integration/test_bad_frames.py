@@ -3,7 +3,7 @@
 import trio
 import zmq
 
-from actors.endpoints import Inbox
+from streams.endpoints import Inbox
 from streams.channels import ZmqTransport
 from streams.messages import VERSION_TOPIC, VersionAnnounced
 from streams.schema import decode_table

@@ -8,9 +8,9 @@ import trio
 import trio.testing
 from transformers import AutoTokenizer
 
-from actors.endpoints import Inbox
+from streams.endpoints import Inbox
 from actors.env import EnvActor, EnvConfig, admission_share
-from actors.scripted_rollout import serve_scripted
+from actors.engines.scripted import serve_scripted
 from streams.channels import MemoryTransport
 from streams.messages import Completion
 from streams.schema import Columns, decode_table

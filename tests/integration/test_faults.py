@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from actors.control import send_scale
+from actors.runs.control import send_scale
 from actors.learner import checkpoint_cursor
 from actors.spill import account_episodes
 from tests.integration.test_local_topology import wait_for

@@ -92,7 +92,7 @@ def dice_league_on_ray(tiny_model_dir, tmp_path, players: int, max_matches: int,
     import threading
 
     from actors.cli import load_config
-    from actors.league_run import LeagueRun
+    from actors.runs.league_steward import LeagueRun
 
     cfg = load_config([f"model.path={tiny_model_dir}", f"run.dir={tmp_path}", f"run.name=dice{players}",
                        "run.minutes=6", f"run.max_matches={max_matches}", "run.log_every_s=0.5", "env=liars_dice",

@@ -6,7 +6,7 @@ import pytest
 
 from actors.host import LocalCluster
 from actors.launcher import build_topology
-from actors.monitor import MetricsLog
+from actors.runs.monitor import MetricsLog
 from tests.integration.topology import small_config
 
 

@@ -2,7 +2,7 @@
 
 import trio
 
-from actors.endpoints import Inbox, Outbox
+from streams.endpoints import Inbox, Outbox
 from actors.replay import ReplayActor, ReplayConfig, oldest_version
 from actors.spill import BATCH_LOG, Spill
 from streams.channels import MemoryTransport

@@ -5,9 +5,9 @@ import trio
 import trio.testing
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from actors.endpoints import Inbox, Outbox
+from streams.endpoints import Inbox, Outbox
 from actors.rollout import RolloutActor, RolloutConfig
-from actors.weights import WeightsPublisher, weights_to_bytes
+from streams.weights import WeightsPublisher, weights_to_bytes
 from streams.channels import MemoryTransport
 from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest
 from streams.wire import Kind
@@ -53,8 +53,8 @@ def test_a_request_waits_for_the_weights_of_its_min_version(tiny_model_dir, tmp_
 def test_snapshots_are_served_beside_the_live_policy_and_a_bad_one_is_refused(tiny_model_dir, tmp_path):
     """A league's rollout actor: a request for ``main-v7`` is sampled with that snapshot (its tokens carry
     version 7) by the same actor that serves ``main``; a missing or tampered snapshot is refused, with why."""
-    from actors.base_model import load_policy
-    from actors.snapshots import write_snapshot
+    from actors.engines.base_model import load_policy
+    from actors.engines.snapshots import write_snapshot
 
     model, tokenizer = load_policy(tiny_model_dir)
     write_snapshot(model, tokenizer, tmp_path / "main-v7")

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from actors.control import send_scale
+from actors.runs.control import send_scale
 from actors.learner import checkpoint_cursor
-from actors.monitor import episodes_per_s
-from actors.run import Run
+from actors.runs.monitor import episodes_per_s
+from actors.runs.driver import Run
 from actors.spill import account_episodes
 from tests.integration.test_local_topology import wait_for
 from tests.integration.topology import BackgroundRun, small_config

@@ -14,12 +14,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytest.importorskip("vllm", reason="the vllm extra is not installed (README, 'Generation backends')")
 
-from actors.endpoints import Inbox, Outbox  # noqa: E402
+from streams.endpoints import Inbox, Outbox  # noqa: E402
 from actors.host import _LoopThread  # noqa: E402
 from actors.rollout import RolloutActor, RolloutConfig  # noqa: E402
 from actors.training import (Objective, TrainerState, action_logprobs, behaviour_gap,  # noqa: E402
                              policy_gradient_step, single_turn_batch)
-from actors.weights import WeightsPublisher, weights_to_bytes  # noqa: E402
+from streams.weights import WeightsPublisher, weights_to_bytes  # noqa: E402
 from streams.channels import ZmqTransport  # noqa: E402
 from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest  # noqa: E402
 from streams.wire import Kind  # noqa: E402
@@ -220,8 +220,8 @@ def test_snapshots_are_sampled_beside_the_engine_with_their_own_weights(rig, tok
     """A league's member on vLLM: requests for a snapshot of its policy are sampled (by the hf sampler, with
     the snapshot's weights) in the same actor, mixed with the live policy's; a snapshot that is not there is
     refused with the reason."""
-    from actors.base_model import load_policy
-    from actors.snapshots import write_snapshot
+    from actors.engines.base_model import load_policy
+    from actors.engines.snapshots import write_snapshot
 
     model, _ = load_policy(tiny_model_dir)
     with torch.no_grad():

@@ -4,8 +4,8 @@ import os
 
 import trio
 
-from actors.endpoints import Inbox, Outbox
-from actors.weights import WeightsFollower, WeightsPublisher
+from streams.endpoints import Inbox, Outbox
+from streams.weights import WeightsFollower, WeightsPublisher
 from streams.channels import ZmqTransport
 from streams.messages import WEIGHTS_TOPIC, WeightsFetch, WeightsManifest
 from streams.wire import Kind

@@ -17,7 +17,7 @@ class BackgroundRun:
     """``Run(cfg)`` executing in a thread, for tests that act on a run while it goes on."""
 
     def __init__(self, cfg: dict):
-        from actors.run import Run
+        from actors.runs.driver import Run
 
         self.run, self.outcome = Run(cfg), {}
         self.thread = threading.Thread(target=lambda: self.outcome.setdefault("summary", self.run.execute()))

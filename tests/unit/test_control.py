@@ -3,7 +3,7 @@
 import zmq
 
 from actors.cli import main
-from actors.control import CONTROL_FILE, ControlServer, latest_run, send_scale
+from actors.runs.control import CONTROL_FILE, ControlServer, latest_run, send_scale
 from streams.messages import ScaleAnswered
 from streams.wire import FrameCounter, Kind, decode_frame
 

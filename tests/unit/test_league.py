@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 
 from actors.league import LeagueActor, LeagueConfig
-from actors.matchmaking import MatchmakingConfig, Payoff, check_reset_probabilities, choose_opponent, \
+from actors.leagues.matchmaking import MatchmakingConfig, Payoff, check_reset_probabilities, choose_opponent, \
     pairwise_scores, pfsp_probabilities, pfsp_weight, reset_after_snapshot, seat_match, snapshot_due
-from actors.snapshots import SnapshotError, parse_snapshot_id, snapshot_id, verify_snapshot, write_snapshot
+from actors.engines.snapshots import SnapshotError, parse_snapshot_id, snapshot_id, verify_snapshot, write_snapshot
 from streams.messages import MatchAssigned, MatchRequest, MatchResult
 from streams.wire import FrameError, pack
 
@@ -145,7 +145,7 @@ def test_snapshot_ids_parse_back_to_member_and_version():
 
 
 def test_a_snapshot_is_written_once_checked_and_never_overwritten(tiny_model_dir, tmp_path):
-    from actors.base_model import load_policy
+    from actors.engines.base_model import load_policy
 
     model, tokenizer = load_policy(tiny_model_dir)
     path = write_snapshot(model, tokenizer, tmp_path / "main-v3")
@@ -198,7 +198,7 @@ def test_assignments_go_to_open_members_and_results_move_payoff_and_ratings(tmp_
 
 
 def test_snapshots_are_asked_for_once_and_join_only_when_their_checksums_hold(tiny_model_dir, tmp_path):
-    from actors.base_model import load_policy
+    from actors.engines.base_model import load_policy
 
     actor = league(tmp_path)
     assert actor.observe({"main": 9, "exploiter": 3}) == {}
@@ -283,7 +283,7 @@ def test_exploiters_are_reset_after_a_snapshot_with_their_roles_probability():
 
 
 def test_the_league_asks_an_exploiters_learner_to_reset_and_records_it_with_the_snapshot(tiny_model_dir, tmp_path):
-    from actors.base_model import load_policy
+    from actors.engines.base_model import load_policy
 
     actor = league(tmp_path)  # the default: main exploiters always, league exploiters with 0.25
     assert actor.observe({"main": 10, "exploiter": 10}) == {"main": False, "exploiter": True}
@@ -347,8 +347,8 @@ def test_a_league_run_restarts_every_kind_of_actor(tmp_path):
     from actors.cli import load_config
     from actors.launcher import LeagueTopology, Topology
     from actors.league import STATE_FILE
-    from actors.league_run import LeagueRun
-    from actors.recovery import GroupRecovery
+    from actors.runs.league_steward import LeagueRun
+    from actors.runs.recovery import GroupRecovery
 
     run = LeagueRun(load_config([f"run.dir={tmp_path}", "run.name=l"], "league"))
     cluster, top = FakeCluster(), LeagueTopology(envs=["env-0"])
@@ -386,7 +386,7 @@ def test_a_league_run_restarts_every_kind_of_actor(tmp_path):
 
 def test_a_league_run_with_restarts_off_ends_saying_how_to_resume(tmp_path):
     from actors.cli import load_config
-    from actors.league_run import LeagueRun
+    from actors.runs.league_steward import LeagueRun
 
     run = LeagueRun(load_config([f"run.dir={tmp_path}", "run.name=l", "run.restart=false"], "league"))
     with pytest.raises(RuntimeError, match="the league actor died .*run.restart is off.*`tidal league run resume="):

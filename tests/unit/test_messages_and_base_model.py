@@ -1,7 +1,7 @@
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from actors.base_model import TinyModelConfig, make_model, make_tokenizer
+from actors.engines.base_model import TinyModelConfig, make_model, make_tokenizer
 from streams.messages import Completion, GenerationRequest, VersionAnnounced, WeightsChunk, WeightsFetch, WeightsManifest
 from streams.wire import FrameError, pack
 
@@ -62,7 +62,7 @@ def test_head_dim_below_32_is_refused():
 
 
 def test_demonstrations_play_slow_environments_on_a_mock_clock_and_mix_in_the_expert():
-    from actors.base_model import demonstrations, tiny_model_config
+    from actors.engines.base_model import demonstrations, tiny_model_config
     from actors.cli import load_config
 
     # the tool's latency is 1000 s a call: on the mock clock it costs no wall time

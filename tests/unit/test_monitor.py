@@ -1,6 +1,6 @@
 """The metrics log: the training return over a sliding window."""
 
-from actors.monitor import MetricsLog
+from actors.runs.monitor import MetricsLog
 
 
 def stats(episodes: int, return_sum: float) -> dict:
@@ -11,7 +11,7 @@ def stats(episodes: int, return_sum: float) -> dict:
 
 def test_training_return_is_the_mean_over_episodes_in_the_window(tmp_path, monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr("actors.monitor.time.time", lambda: now[0])
+    monkeypatch.setattr("actors.runs.monitor.time.time", lambda: now[0])
     log = MetricsLog(tmp_path, window_s=30.0)
     log.snapshot(stats(0, 0.0))
     for t, episodes, total in [(10, 10, 0.0), (20, 20, 5.0), (40, 30, 15.0), (60, 40, 16.0)]:
@@ -27,7 +27,7 @@ def test_training_return_is_the_mean_over_episodes_in_the_window(tmp_path, monke
 def snapshots(tmp_path, monkeypatch, series, **window) -> list[dict]:
     """The rows of a fresh log given (seconds, episodes ended, their return sum) after a first empty snapshot."""
     now = [1000.0]
-    monkeypatch.setattr("actors.monitor.time.time", lambda: now[0])
+    monkeypatch.setattr("actors.runs.monitor.time.time", lambda: now[0])
     log = MetricsLog(tmp_path, **window)
     log.snapshot(stats(0, 0.0))
     rows = []
@@ -58,7 +58,7 @@ def test_a_window_of_episodes_alone_reads_the_same_count_at_any_pace(tmp_path, m
 
 
 def test_totals_go_on_across_a_restart_and_after_an_actor_leaves(tmp_path):
-    from actors.monitor import MetricsLog
+    from actors.runs.monitor import MetricsLog
 
     log = MetricsLog(tmp_path)
     learner = {"version": 1, "episodes": 0, "train_s": 0.0}

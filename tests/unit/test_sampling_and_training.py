@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from actors.sampling import sample
+from actors.engines.hf import sample
 from actors.training import Objective, TrainerState, action_logprobs, collate, policy_gradient_step
-from actors.weights import load_weights, weights_to_bytes
+from streams.weights import load_weights, weights_to_bytes
 from algos.losses import kl_cost_to_go, token_logprobs
 from streams.schema import Columns, trajectory_table
 

@@ -73,7 +73,7 @@ def test_unknown_names_get_a_clear_error():
 
 
 def test_the_expert_wins_before_it_blocks_and_has_no_opinion_on_a_quiet_board():
-    from actors.base_model import demonstrations
+    from actors.engines.base_model import demonstrations
     from envs.tictactoe import TicTacToe
 
     game = TicTacToe()

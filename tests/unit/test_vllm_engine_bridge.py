@@ -7,7 +7,7 @@ import trio
 
 from actors.cli import load_config
 from actors.rollout import RolloutConfig
-from actors.vllm_engine import AsyncioThread, VllmOptions
+from actors.engines.vllm_engine import AsyncioThread, VllmOptions
 
 
 @pytest.fixture

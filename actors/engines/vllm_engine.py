@@ -31,7 +31,7 @@ from pathlib import Path
 
 import trio
 
-from actors.sampling import Sample
+from actors.engines.hf import Sample
 
 log = logging.getLogger(__name__)
 

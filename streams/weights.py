@@ -27,7 +27,7 @@ import trio
 from crc32c import crc32c
 from safetensors.torch import save as save_tensors
 
-from actors.endpoints import Inbox, Outbox
+from streams.endpoints import Inbox, Outbox
 from streams.messages import WeightsChunk, WeightsFetch, WeightsManifest
 from streams.wire import Kind
 

@@ -78,6 +78,6 @@ def verify_snapshot(directory: str | Path) -> Path:
 
 def load_snapshot(directory: str | Path):
     """(model, tokenizer) of a verified snapshot."""
-    from actors.base_model import load_policy
+    from actors.engines.base_model import load_policy
 
     return load_policy(verify_snapshot(directory))

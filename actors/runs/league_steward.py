@@ -9,7 +9,7 @@ Every main agent plays evaluation games against each fixed opponent of ``eval.op
 
 The health check restarts a dead actor (``run.restart=false``: any dead actor ends the run, with the command that
 resumes it). A member's group (rollout, reward, replay, learner) and the env actors come back as in a
-single-policy run (``actors/recovery.py``); a learner that died with a snapshot asked of it is asked again. The
+single-policy run (``actors/runs/recovery.py``); a learner that died with a snapshot asked of it is asked again. The
 league comes back from its state on disk (saved every ``league.args.save_every_s``) and replays the match results
 it journaled after it (``league_results_lost`` in the summary counts any the restart did not bring back); the
 snapshots and evaluations the driver registered since are registered again, and every env actor sends again the
@@ -24,10 +24,10 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from actors.base_model import ensure_base_model, tiny_model_config
-from actors.monitor import ContinuedCounters, Evaluation
+from actors.engines.base_model import ensure_base_model, tiny_model_config
+from actors.runs.monitor import ContinuedCounters, Evaluation
 from actors.league import load_state
-from actors.recovery import GroupRecovery, call_unless_dead, restart_env, statistics_or_recover
+from actors.runs.recovery import GroupRecovery, call_unless_dead, restart_env, statistics_or_recover
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
-from actors.autoscale import AutoscaleConfig, autoscale_target
-from actors.base_model import ensure_base_model, tiny_model_config
-from actors.control import ControlServer
+from actors.runs.autoscale import AutoscaleConfig, autoscale_target
+from actors.engines.base_model import ensure_base_model, tiny_model_config
+from actors.runs.control import ControlServer
 from actors.env import admission_share
-from actors.monitor import Evaluation, MetricsLog, plot_learning_curve
-from actors.recovery import GroupRecovery, call_unless_dead, restart_env, statistics_or_recover
+from actors.runs.monitor import Evaluation, MetricsLog, plot_learning_curve
+from actors.runs.recovery import GroupRecovery, call_unless_dead, restart_env, statistics_or_recover
 
 log = logging.getLogger(__name__)
 SCALABLE = ("rollout", "env")
@@ -131,7 +131,7 @@ class Run:
         if name in self.top.envs:
             restart_env(self.cluster, name, self.restarts.get(name, 0) + 1,
                         {self.cfg["env"]["args"]["policy_id"]: self.top.replay}, self.training, self.open_evaluations)
-        else:  # rollout, reward, replay, learner: as in every policy's group (actors/recovery.py)
+        else:  # rollout, reward, replay, learner: as in every policy's group (actors/runs/recovery.py)
             self.group.restart(name)
         self.restarts[name] = self.restarts.get(name, 0) + 1
         self.metrics.restarted(name)

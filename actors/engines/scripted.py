@@ -10,7 +10,7 @@ from typing import Callable
 
 import trio
 
-from actors.endpoints import Inbox, Outbox
+from streams.endpoints import Inbox, Outbox
 from streams.messages import Completion, GenerationRequest
 from streams.wire import Kind
 
