@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import io
 import json
@@ -11,47 +12,79 @@ import signal
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from actors import config
+from actors.config import RunConfig
+from actors.runs.driver import Driver
+from actors.topology import policy_dir
+
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
-def load_config(overrides: list[str], name: str = "launch") -> dict:
-    """Compose ``configs/<name>.yaml`` with Hydra overrides; a bad override fails with Hydra's message.
+def load_config(overrides: list[str], name: str = "launch") -> RunConfig:
+    """Compose ``configs/<name>.yaml`` with Hydra overrides onto the typed schema (``actors/config.py``): a bad
+    override, an unknown key or a value of the wrong type fails here, with Hydra's message naming it.
 
     ``resume=<run dir>`` continues that run instead: its own ``config.json``, with the other overrides
     (plain ``key=value``, e.g. ``run.minutes=5``) applied on top.
     """
+    refuse_moved(overrides)
     resume = [o.split("=", 1)[1] for o in overrides if o.startswith("resume=")]
     if resume:
         return resumed_config(resume[-1], [o for o in overrides if not o.startswith("resume=")])
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
+    config.register()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name=name, overrides=overrides)
-    return OmegaConf.to_container(cfg, resolve=True)
+        return typed(compose(config_name=name, overrides=overrides))
 
 
-def resumed_config(run_dir: str, overrides: list[str]) -> dict:
-    from omegaconf import OmegaConf
+def typed(composed) -> RunConfig:
+    """The composed config as ``RunConfig``; a key the schema does not know (Hydra's ``+key=value`` adds one
+    even to a typed node) fails, named."""
+    cfg = OmegaConf.to_object(composed)
+    unknown = config.unknown_keys(OmegaConf.to_container(composed, resolve=True), dataclasses.asdict(cfg))
+    if unknown:
+        raise ValueError(f"unknown config keys: {', '.join(unknown)}")
+    return cfg
 
+
+def refuse_moved(overrides: list[str]) -> None:
+    """An override of a key that moved fails naming its new place."""
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in config.MOVED:
+            raise ValueError(f"{key} is declared once now, as {config.MOVED[key]}: use {config.MOVED[key]}=...")
+
+
+def resumed_config(run_dir: str, overrides: list[str]) -> RunConfig:
     from actors.learner import find_checkpoint
 
     path = Path(run_dir).expanduser()
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"resume={run_dir}: not a run directory (no config.json)")
-    saved = json.loads((path / "config.json").read_text())
-    # a league checkpoints every member's learner; a single-policy run its one
-    policies = [f"members/{m['id']}/policy" for m in saved["league"]["members"]] if "league" in saved else ["policy"]
-    for policy in policies:
-        if find_checkpoint(path / policy) is None:
-            raise FileNotFoundError(f"resume={run_dir}: the run left no checkpoint ({policy}/trainer_state.pt)")
-    cfg = OmegaConf.create(saved)
+    saved = migrated(json.loads((path / "config.json").read_text()))
     bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]
     if bad:
         raise ValueError(f"resume takes plain key=value overrides, not {', '.join(bad)}")
-    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), saved, OmegaConf.from_dotlist(overrides))
     cfg.resume, cfg.run.name, cfg.run.dir = str(path), path.name, str(path.parent)
-    return OmegaConf.to_container(cfg, resolve=True)
+    cfg = typed(cfg)
+    for member in cfg.members():  # a league checkpoints every member's learner; a single-policy run its one
+        if find_checkpoint(path / policy_dir(cfg, member.id)) is None:
+            raise FileNotFoundError(f"resume={run_dir}: the run left no checkpoint "
+                                    f"({policy_dir(cfg, member.id)}/trainer_state.pt)")
+    return cfg
+
+
+def migrated(saved: dict) -> dict:
+    """A run's saved config as today's schema reads it: a policy id once declared per group is ``run.policy_id``."""
+    for key, new in config.MOVED.items():
+        group = saved.get(key.split(".")[0], {}).get("args", {})
+        if "policy_id" in group:
+            saved.setdefault("run", {})[new.split(".")[1]] = group.pop("policy_id")
+    return saved
 
 
 def dump_stacks_on_sigusr1() -> None:
@@ -67,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     dump_stacks_on_sigusr1()
     parser = argparse.ArgumentParser(prog="tidal", description="Asynchronous RL for language-model agents.")
     commands = parser.add_subparsers(dest="command", required=True)
-    launch = commands.add_parser("launch", help="run a job (default: self-play TicTacToe on an embedded Ray)")
-    launch.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. run.minutes=2 rollout.count=2")
+    launch_parser = commands.add_parser("launch", help="run a job (default: self-play TicTacToe on an embedded Ray)")
+    launch_parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. run.minutes=2 rollout.count=2")
     show = commands.add_parser("config", help="print the composed config")
     show.add_argument("overrides", nargs="*")
     commands.add_parser("envs", help="list the environments and opponents (env.args.env_name=<name>)")
@@ -94,26 +127,26 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         cfg = load_config(args.overrides, "league" if args.command == "league" else "launch")
-        from actors.launcher import check_config
-
-        check_config(cfg)
-    except Exception as error:  # Hydra's errors (and check_config's) name the bad key or value
+        config.check(cfg)
+    except Exception as error:  # Hydra's errors (and check's) name the bad key or value
         print(f"tidal: bad config: {error}", file=sys.stderr)
         return 2
     if args.command == "config":
-        print(json.dumps(cfg, indent=2))
+        print(json.dumps(dataclasses.asdict(cfg), indent=2))
         return 0
-    if args.command == "league":
-        from actors.runs.league_steward import LeagueRun
-
-        summary = LeagueRun(cfg).execute()
+    summary = launch(cfg)
+    if cfg.league is not None:
         print_league_table(summary["run_dir"])
-        return 130 if summary["interrupted"] else 0
-    from actors.launcher import launch as run_launch
-
-    summary = run_launch(cfg)
-    print_summary(summary)
+    else:
+        print_summary(summary)
     return 130 if summary["interrupted"] else 0
+
+
+def launch(cfg: RunConfig) -> dict:
+    """Run the job ``cfg`` describes (a single policy or a league: one driver); returns (and writes) its
+    summary. Ctrl-C ends it cleanly."""
+    config.check(cfg)
+    return Driver(cfg).execute()
 
 
 def scale_command(counts: list[str], run_dir: str | None) -> int:

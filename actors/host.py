@@ -120,7 +120,7 @@ class LocalCluster:
     def stop(self, name: str) -> None:
         raise NotImplementedError("run.mode=local cannot remove an actor from a running run: scale in run.mode=ray")
 
-    def set_peers(self, name: str, key: str, addresses: list[str]) -> None:
+    def set_peers(self, name: str, key: str, addresses: list[str], member: str | None = None) -> None:
         pass  # nothing is restarted in one process
 
     def reconfigure(self, name: str, **changes) -> None:

@@ -63,12 +63,13 @@ class TinyModelConfig:
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def tiny_model_config(cfg: dict) -> TinyModelConfig:
-    """The tiny model of a run config: warmed up on the run's environment unless ``model.tiny`` names one."""
-    tiny = dict(cfg["model"]["tiny"])
+def tiny_model_config(cfg) -> TinyModelConfig:
+    """The tiny model of a run config (``actors.config.RunConfig``): warmed up on the run's environment unless
+    ``model.tiny.warmup_env`` names one."""
+    tiny = {f: getattr(cfg.model.tiny, f) for f in cfg.model.tiny.__dataclass_fields__}
     if tiny.get("warmup_env") is None:
-        tiny["warmup_env"] = cfg["env"]["args"]["env_name"]
-        tiny["warmup_env_args"] = dict(cfg["env"]["args"].get("env_args") or {})
+        tiny["warmup_env"] = cfg.env.args.env_name
+        tiny["warmup_env_args"] = dict(cfg.env.args.env_args or {})
     return TinyModelConfig(**tiny)
 
 

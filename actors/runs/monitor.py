@@ -1,4 +1,4 @@
-"""Watching a run: metrics from every actor, evaluations, a progress bar, the summary and the plot."""
+"""Watching a run: metrics from every actor, rates between snapshots, and the learning-curve plot."""
 
 from __future__ import annotations
 
@@ -10,48 +10,7 @@ from pathlib import Path
 from streams.stats import stream_totals
 
 log = logging.getLogger(__name__)
-
-
-class Evaluation:
-    """One evaluation round, split across the env actors, collected when every share is done."""
-
-    def __init__(self, cluster, envs: list[str], tag: str, games_per_seat: int, opponent: str,
-                 player: str = "policy"):
-        """``player``: the env actors' own policy, or (a league) a member's id."""
-        self.cluster, self.envs, self.tag, self.opponent, self.player = cluster, envs, tag, opponent, player
-        shares = [games_per_seat // len(envs) + (i < games_per_seat % len(envs)) for i in range(len(envs))]
-        self.started = time.time()
-        self.shares = {env: share for env, share in zip(envs, shares) if share}
-        for env, share in self.shares.items():
-            cluster.call(env, "evaluate", tag, share, opponent, player)
-        self.envs = list(self.shares)
-
-    def restarted(self, env: str) -> None:
-        """``env`` died with its share of the games: its successor plays the whole share again."""
-        if env in self.shares:
-            self.cluster.call(env, "evaluate", self.tag, self.shares[env], self.opponent, self.player)
-
-    def result(self, env_stats: dict[str, dict]) -> dict | None:
-        """The merged result once every env actor has finished its share, else None."""
-        parts = [next((e for e in env_stats[env]["evaluations"] if e["tag"] == self.tag), None) for env in self.envs]
-        if any(p is None or not p["done"] for p in parts):
-            return None
-        seats: dict[str, dict[str, int]] = {}
-        for part in parts:
-            for seat, counts in part["seats"].items():
-                total = seats.setdefault(str(seat), dict.fromkeys(counts, 0))
-                for key, value in counts.items():
-                    total[key] += value
-        nonloss = {seat: 1 - c["losses"] / c["games"] for seat, c in seats.items()}
-        versions = [v for p in parts for v in (p["version_min"], p["version_max"]) if v is not None]
-        return {
-            "tag": self.tag, "opponent": self.opponent, "seats": seats,
-            "nonloss_by_seat": nonloss, "nonloss": sum(nonloss.values()) / len(nonloss), "player": self.player,
-            "win_rate": sum(c["wins"] for c in seats.values()) / max(sum(c["games"] for c in seats.values()), 1),
-            "invalid_rate": sum(c["invalid"] for c in seats.values()) / sum(c["games"] for c in seats.values()),
-            "version_min": min(versions, default=None), "version_max": max(versions, default=None),
-            "seconds": time.time() - self.started,
-        }
+MIN_RATE_INTERVAL_S = 0.05  # rates are measured between rows at least this far apart
 
 
 # counters that a restarted env or rollout actor starts again from 0, and that the run's totals continue (a
@@ -148,10 +107,13 @@ class MetricsLog:
             return None
         return (totals["train_return_sum"] - returns) / ended
 
-    def snapshot(self, stats: dict[str, dict], evaluation: dict | None = None) -> dict:
+    def snapshot(self, stats: dict[str, dict], evaluation: dict | None = None, learner: str = "learner",
+                 replay: str = "replay", extra: dict | None = None) -> dict:
+        """One metrics row from every actor's ``stats``: totals over the env and rollout actors, and the run's
+        policy's ``learner`` and ``replay`` (a league's first member's; ``extra`` adds the league's own)."""
         now = time.time()
         stats = self.counters.apply(stats)
-        learner = stats["learner"]
+        replay, learner = stats.get(replay, {}), stats[learner]
         envs = [s for name, s in stats.items() if name.startswith("env")]
         rollouts = [s for name, s in stats.items() if name.startswith("rollout")]
         live_rollouts = [s for s in rollouts if not s.get("retired")]
@@ -163,7 +125,6 @@ class MetricsLog:
             "invalid_actions": sum(s["invalid_actions"] for s in envs),
             "tokens": sum(s["tokens"] for s in rollouts),
         }
-        replay = stats.get("replay", {})
         elapsed = now - self.started if self.started is not None else self._elapsed_before
         row = {"time": now, "elapsed_s": elapsed, "version": learner["version"], **totals, "restarts": self.restarts,
                "trained_episodes": learner["episodes"], "data_cursor": learner.get("cursor"),
@@ -182,7 +143,11 @@ class MetricsLog:
                "staleness_total": learner.get("staleness_hist", {}),
                "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values())}
         row.update(stream_totals([s for actor in stats.values() for s in actor.get("streams", {}).values()]))
-        if self._last is not None:
+        if extra:
+            row.update(extra)
+        # rows written together (a round's evaluations) measure no rates: only rows apart in time do
+        fresh = self._last is None or now - self._last[0] >= MIN_RATE_INTERVAL_S
+        if fresh and self._last is not None:
             then, before = self._last
             dt = max(now - then, 1e-9)
             row["episodes_per_s"] = (totals["episodes"] - before["episodes"]) / dt
@@ -197,7 +162,8 @@ class MetricsLog:
                 row[key] = learner["last"][key]
         if evaluation is not None:
             row["evaluation"] = evaluation
-        self._last = (now, totals)
+        if fresh:
+            self._last = (now, totals)
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")

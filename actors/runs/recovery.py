@@ -58,14 +58,10 @@ def statistics_or_recover(cluster, names, recover) -> dict[str, dict]:
 
 
 class GroupRecovery:
-    """Restarts the actors of one policy's group ``top`` (a ``launcher.Topology``), whose env actors are
-    ``envs`` and whose learner checkpoints to ``policy_dir``."""
+    """Restarts the actors of one member's ``group`` (a ``topology.Group``), whose env actors are ``envs``."""
 
-    def __init__(self, cluster, top, envs: list[str], policy_dir: Path):
-        self.cluster, self.top, self.envs, self.policy_dir = cluster, top, envs, Path(policy_dir)
-
-    def owns(self, name: str) -> bool:
-        return name in (self.top.learner, self.top.replay, self.top.reward, *self.top.rollouts)
+    def __init__(self, cluster, group, envs: list[str]):
+        self.cluster, self.top, self.envs, self.policy_dir = cluster, group, envs, Path(group.policy_dir)
 
     def restart(self, name: str) -> dict:
         """Start ``name`` (one of this group's actors) again; what its start returned (its addresses)."""

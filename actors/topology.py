@@ -1,0 +1,195 @@
+"""The topology: every actor of a run, started and connected in one place, for one policy or a league.
+
+A run is a population of learning members. Each member has its group: a learner, a replay, a reward actor and
+its rollout actors. The env actors are shared by every member, and a league (when configured) chooses their
+training matches. A single-policy run is a population of one member and no league: its actors keep their plain
+names (``learner``, ``rollout-0``), a league's carry their member's (``learner-main``, ``rollout-main-0``).
+
+episodes: env -> reward-m -> replay-m -> learner-m;  weights: learner-m -> rollout-m-*;  versions: learner-m -> env;
+generation: env -> rollout-m-* (requests for m, and for m's snapshots), rollout -> env (completions, to the
+address in each request);  matches (a league): env -> league (requests, results), league -> env (assignments).
+
+Actors of one layer start side by side (their processes load at once): every member's learner, then every
+replay, every reward actor, every rollout actor, and the env actors.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from actors.config import RunConfig, built_args
+from actors.env import EnvActor, EnvConfig
+from actors.league import LeagueActor, LeagueConfig
+from actors.learner import LearnerActor, LearnerConfig
+from actors.replay import ReplayActor, ReplayConfig
+from actors.reward import RewardActor, RewardConfig
+from actors.rollout import RolloutActor, RolloutConfig
+
+MEMBER_SEED_STRIDE = 101  # member k's learner and rollout seeds start at run.seed + 101 * k
+
+
+@dataclass
+class Group:
+    """One learning member's actors, and where they listen."""
+
+    member: str
+    index: int  # the member's place in the population (its seeds)
+    learner: str
+    replay: str
+    reward: str
+    policy_dir: Path  # the learner's checkpoints
+    model_path: str  # the member's starting model
+    rollouts: list[str] = field(default_factory=list)
+    requests: dict[str, str] = field(default_factory=dict)  # rollout actor -> where it takes requests
+    weights: str = ""  # the learner's publisher: versions and weight manifests
+    episodes: str = ""  # where the reward actor takes finished episodes
+    start_version: int = 0  # the learner's version when this life of the run started
+    rollouts_made: int = 0  # rollout actors ever started: a joining one gets a name never used
+
+    def names(self) -> list[str]:
+        return [self.learner, self.replay, self.reward, *self.rollouts]
+
+    def owns(self, name: str) -> bool:
+        return name in self.names()
+
+    def rollout_name(self, i: int, solo: bool) -> str:
+        return f"rollout-{i}" if solo else f"rollout-{self.member}-{i}"
+
+
+@dataclass
+class Topology:
+    groups: dict[str, Group] = field(default_factory=dict)  # member id -> its group, in the config's order
+    envs: list[str] = field(default_factory=list)
+    league: str | None = None  # the league actor, if the run has one
+    league_addresses: dict | None = None  # where env actors reach it
+    life: str = ""  # this start of the run (a resumed run is a new life): replay's spill and the data cursor
+    ledger: str | None = None  # the env actors' ledgers of delivered episodes (``run.ledger``)
+    snapshots: str | None = None  # a league's frozen snapshots
+    tokenizer: str = ""  # the run's base model: the env actors' tokenizer
+    envs_made: int = 0  # env actors ever started, as for rollout actors
+
+    def names(self) -> list[str]:
+        league = [self.league] if self.league else []
+        return [*league, *(n for group in self.groups.values() for n in group.names()), *self.envs]
+
+    @property
+    def solo(self) -> bool:
+        """One member and no league: the actors keep their plain names."""
+        return self.league is None and len(self.groups) == 1
+
+    def group_of(self, name: str) -> Group | None:
+        return next((g for g in self.groups.values() if g.owns(name)), None)
+
+    def replays(self) -> dict[str, str]:
+        return {member: group.replay for member, group in self.groups.items()}
+
+
+def policy_dir(cfg: RunConfig, member: str) -> str:
+    """Where ``member``'s learner checkpoints, relative to the run directory."""
+    return "policy" if cfg.league is None else f"members/{member}/policy"
+
+
+def run_budget(cfg: RunConfig) -> dict:
+    """The run's training budget, for the learner's learning-rate schedule (``learner.args.lr_decay``)."""
+    return {"budget_s": cfg.run.minutes * 60 if cfg.run.minutes else None, "budget_versions": cfg.run.max_versions}
+
+
+def plan_groups(cfg: RunConfig, model_path: str, run_dir: Path) -> dict[str, Group]:
+    groups = {}
+    for k, member in enumerate(cfg.members()):
+        suffix = "" if cfg.league is None else f"-{member.id}"
+        groups[member.id] = Group(member.id, k, f"learner{suffix}", f"replay{suffix}", f"reward{suffix}",
+                                  policy_dir=run_dir / policy_dir(cfg, member.id),
+                                  model_path=str(member.model or model_path))
+    return groups
+
+
+def build_topology(cluster, cfg: RunConfig, model_path: str | Path, run_dir: Path) -> Topology:
+    """Start and connect every actor of the run ``cfg`` describes: the whole data-flow graph, in one place."""
+    top = Topology(plan_groups(cfg, str(model_path), run_dir), life=time.strftime("%Y%m%d-%H%M%S"),
+                   tokenizer=str(model_path))
+    if cfg.league is not None:
+        top.league, top.snapshots = "league", str(run_dir / "league" / "snapshots")
+        Path(top.snapshots).mkdir(parents=True, exist_ok=True)
+        top.league_addresses = cluster.spawn(top.league, LeagueActor, LeagueConfig(
+            members=[{"id": m.id, "role": m.role} for m in cfg.league.members], state_dir=str(run_dir / "league"),
+            resume=bool(cfg.resume), seed=cfg.run.seed, **built_args(cfg.league.args)), peers={})
+    if cfg.run.ledger:
+        top.ledger = str(run_dir / "ledger" / top.life)
+        Path(top.ledger).mkdir(parents=True, exist_ok=True)
+    groups = list(top.groups.values())
+    learners = cluster.spawn_many([(g.learner, LearnerActor, learner_config(cfg, g, top.life), {}) for g in groups])
+    replays = cluster.spawn_many([(g.replay, ReplayActor, replay_config(cfg, g, run_dir, top),
+                                   {"learner": [learner["batches"]]}) for g, learner in zip(groups, learners)])
+    rewards = cluster.spawn_many([(g.reward, RewardActor, RewardConfig(**built_args(cfg.reward.args)),
+                                   {"replay": [replay["episodes"]]}) for g, replay in zip(groups, replays)])
+    for group, learner, reward in zip(groups, learners, rewards):
+        group.weights, group.episodes, group.start_version = learner["weights"], reward["episodes"], learner["version"]
+    spawn_rollouts(cluster, cfg, top, {g.member: cfg.rollout.count for g in groups})
+    count = cfg.env.count
+    top.envs.extend(spawn_envs(cluster, cfg, top, [(f"env-{i}", i, (i, count)) for i in range(count)]))
+    return top
+
+
+def learner_config(cfg: RunConfig, group: Group, life: str) -> LearnerConfig:
+    return LearnerConfig(
+        model_path=group.model_path, policy_id=group.member, temperature=cfg.sampling.temperature,
+        max_staleness=cfg.learner.max_staleness, save_dir=str(group.policy_dir),
+        checkpoint_every=cfg.learner.checkpoint_every, resume=bool(cfg.resume), data_life=life,
+        seed=cfg.run.seed + MEMBER_SEED_STRIDE * group.index, **run_budget(cfg), **built_args(cfg.learner.args))
+
+
+def replay_config(cfg: RunConfig, group: Group, run_dir: Path, top: Topology) -> ReplayConfig:
+    spill = None
+    if cfg.replay.spill:  # a restarted replay loses nothing
+        spill = str(run_dir / "replay" / top.life) if top.solo else str(run_dir / "replay" / group.member / top.life)
+    return ReplayConfig(spill_dir=spill, **built_args(cfg.replay.args))
+
+
+def spawn_rollouts(cluster, cfg: RunConfig, top: Topology, joining: dict[str, int]) -> None:
+    """Start ``joining[member]`` more rollout actors for each member, side by side, with names never used (at
+    the start, or joining a run: each takes the latest weights, which its learner announces every second); their
+    groups get their names and request addresses."""
+    actors = []
+    for member, count in joining.items():
+        group = top.groups[member]
+        start = max(group.rollouts_made, len(group.rollouts))
+        group.rollouts_made = start + count
+        actors += [(group, group.rollout_name(i, top.solo), RolloutConfig(
+            model_path=group.model_path, policy_id=member, backend=cfg.rollout.backend,
+            seed=cfg.run.seed + MEMBER_SEED_STRIDE * group.index + i, snapshot_dir=top.snapshots,
+            **built_args(cfg.rollout.args))) for i in range(start, group.rollouts_made)]
+    started = cluster.spawn_many([(name, RolloutActor, rollout, {"weights": [group.weights]})
+                                  for group, name, rollout in actors])
+    for (group, name, _), addresses in zip(actors, started):
+        group.rollouts.append(name)
+        group.requests[name] = addresses["requests"]
+
+
+def spawn_envs(cluster, cfg: RunConfig, top: Topology, actors: list[tuple[str, int, tuple]]) -> list[str]:
+    """Start env actors ``(name, seed index, admission slot)`` side by side, connected to every member's
+    group (at the start, or joining a run: they start training only when told, once the driver gave them their
+    share of the admission allowance). Returns their names."""
+    groups = top.groups.values()
+    peers = {"rollout": {g.member: [g.requests[r] for r in g.rollouts] for g in groups},
+             "reward": {g.member: [g.episodes] for g in groups}, "versions": [g.weights for g in groups]}
+    if top.league_addresses is not None:
+        peers["league"] = top.league_addresses
+    first = next(iter(top.groups))
+    cluster.spawn_many([(name, EnvActor, EnvConfig(
+        tokenizer_path=top.tokenizer,
+        policy_id=first, temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
+        max_staleness=cfg.learner.max_staleness, batch_episodes=cfg.replay.args.batch_episodes,
+        admission_slot=slot, start_versions={g.member: g.start_version for g in groups},
+        seed=cfg.run.seed * 1000 + i, ledger_dir=top.ledger, **built_args(cfg.env.args)),
+        {key: _copy(value) for key, value in peers.items()}) for name, i, slot in actors])
+    return [name for name, _, _ in actors]
+
+
+def _copy(peers):
+    """Each actor's own copy of its peers (a scale later changes one actor's, not all of theirs)."""
+    if isinstance(peers, dict):
+        return {key: list(value) if isinstance(value, list) else value for key, value in peers.items()}
+    return list(peers)
