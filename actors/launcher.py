@@ -19,7 +19,7 @@ from actors.learner import LearnerActor, LearnerConfig
 from actors.replay import ReplayActor, ReplayConfig
 from actors.reward import RewardActor, RewardConfig
 from actors.rollout import RolloutActor, RolloutConfig
-from streams.zmq_channels import is_loopback
+from streams.security import is_loopback
 
 log = logging.getLogger(__name__)
 
