@@ -1,17 +1,18 @@
 """ZeroMQ channels driven from trio (see `channels` for the interface and the guarantees).
 
-Senders and receivers speak a small credit protocol over DEALER -> ROUTER (`wire.encode_link`). A sender
-keeps one DEALER socket per receiver and numbers its messages per link; it may have at most `window`
-messages unacknowledged on a link (the smaller of its own and the receiver's capacity; its own until the
-receiver's first acknowledgement says), and waits for credit when every link is full. A receiver acknowledges what it has handed to its actor: every half
-window, and always before it waits for more. A receiver opened with ``ack_when_done`` hands a message over
+Senders and receivers speak a small credit protocol over DEALER -> ROUTER (`wire.encode_link`). A sender keeps one
+DEALER socket per receiver and numbers its messages per link; it may have at most `window` messages unacknowledged
+on a link (the smaller of its own and the receiver's capacity; its own until the receiver's first acknowledgement
+says), and waits for credit when every link is full. A receiver acknowledges what it has handed to its actor: every
+half window, and always before it waits for more. A receiver opened with ``ack_when_done`` hands a message over
 unacknowledged and counts it done only when its actor asks for the next one: an actor that keeps what it receives
 (replay spills it to disk) or passes it on (reward, once the next actor has acknowledged it) loses nothing
 acknowledged when it is killed, and its successor is sent again what it had not finished (and, if the connection
-dropped while the last acknowledgement was on its way, the message before it: such consumers drop copies by id). Nothing is dropped at a high-water mark (the credits bound
-every queue). When a link's connection drops (the receiver restarted, or the network failed), the sender
-opens a fresh socket and sends again everything not yet acknowledged; the receiver drops (and counts) what
-it already delivered, so nothing acknowledged is lost and nothing is delivered twice.
+dropped while the last acknowledgement was on its way, the message before it: such consumers drop copies by id).
+Nothing is dropped at a high-water mark (the credits bound every queue). When a link's connection drops (the
+receiver restarted, or the network failed), the sender opens a fresh socket and sends again everything not yet
+acknowledged; the receiver drops (and counts) what it already delivered, so nothing acknowledged is lost and nothing
+is delivered twice.
 
 Every socket is a `zmq_socket.TrioSocket` (how trio waits on ZeroMQ is told there, with the pub/sub endpoints);
 the CURVE keys and the rule that binding beyond loopback needs them are in `security`.
