@@ -15,7 +15,7 @@ import threading
 import trio
 
 from streams.channels import MemoryTransport, ZmqTransport
-from streams.zmq_channels import CurveKeys
+from streams.security import CurveKeys
 
 log = logging.getLogger(__name__)
 

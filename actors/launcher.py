@@ -13,7 +13,7 @@ import logging
 
 from actors.config import RaySection, RunSection
 from actors.host import ActorHost, LocalCluster
-from streams.zmq_channels import is_loopback
+from streams.security import is_loopback
 
 log = logging.getLogger(__name__)
 

@@ -8,33 +8,14 @@ import multiprocessing as mp
 import statistics
 import time
 
-import numpy as np
 import trio
 import zmq
 
+from benchmarks.fixtures import TOKENS, trajectory_batch
 from streams.endpoints import Inbox, Outbox
 from streams.channels import ZmqTransport
-from streams.schema import Columns, decode_table, encode_table, trajectory_table
+from streams.schema import decode_table, encode_table
 from streams.wire import Kind
-
-TOKENS = 512
-
-
-def trajectory_batch(records: int, seed: int = 0):
-    """``records`` agent-turns of 512 tokens each (256 prompt, 256 action) with every column filled."""
-    rng = np.random.default_rng(seed)
-    half = TOKENS // 2
-    rows = [{
-        Columns.EPISODE_ID: f"e{seed}-{i}", Columns.ENV_NAME: "bench", Columns.SEED: i, Columns.TURN: 0,
-        Columns.AGENT: 0, Columns.MATCHUP: "main,main", Columns.POLICY_ID: "main",
-        Columns.PROMPT_IDS: rng.integers(0, 32000, half).tolist(), Columns.ACTION_IDS: rng.integers(0, 32000, half).tolist(),
-        Columns.ACTION_TEXT: "x" * 64, Columns.BEHAVIOUR_LOGPROBS: (-rng.random(half)).tolist(),
-        Columns.POLICY_VERSIONS: [3] * half, Columns.REWARD: 1.0, Columns.TERMINATED: True,
-        Columns.TRUNCATED: False, Columns.EPISODE_RETURN: 1.0, Columns.INVALID_ACTION: False,
-        Columns.CREATED_AT: 0.0, Columns.GENERATED_AT: 0.0, Columns.SCORED_AT: 0.0,
-    } for i in range(records)]
-    return trajectory_table(rows)
-
 
 # -- 1. trajectories: three ways ----------------------------------------------------------------------
 
@@ -282,7 +263,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="tidal's streams against Ray and raw ZeroMQ, weights, a fuzzer")
     parser.add_argument("--quick", action="store_true", help="a shorter run (about a minute)")
     args = parser.parse_args()
-    from benchmarks.stream_fuzz import fuzz_live_actors
+    from benchmarks.stream_fuzz import fuzz_live_actors  # here: it imports every actor, which no producer needs
 
     rates = bench_trajectories(args.quick)
     seconds = bench_weights(args.quick)

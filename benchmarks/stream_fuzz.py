@@ -16,6 +16,7 @@ import trio
 import zmq
 
 from actors.engines.base_model import TinyModelConfig, ensure_base_model
+from benchmarks.fixtures import trajectory_batch
 from streams.endpoints import Inbox, Outbox
 from actors.env import EnvActor, EnvConfig
 from actors.host import LocalCluster
@@ -35,8 +36,6 @@ OVERSIZED_BYTES = 300 * 2**20  # at most this many bytes of oversized frames per
 
 
 def example_bodies() -> dict[Kind, bytes]:
-    from benchmarks.stream_bench import trajectory_batch
-
     episode = encode_table(trajectory_batch(1))
     return {
         Kind.GENERATE: GenerationRequest(1, SINK, "main", [1, 2, 3], 1.0, 4).to_body(),

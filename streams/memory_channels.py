@@ -16,7 +16,7 @@ from collections import defaultdict, deque
 
 import trio
 
-from streams.stats import new_stats
+from streams.stats import count_received, count_sent, new_stats
 from streams.wire import ZERO_COPY_BYTES
 
 
@@ -50,10 +50,6 @@ def _shared(parts) -> list:
     return [memoryview(p).toreadonly() if len(p) >= ZERO_COPY_BYTES else p for p in parts]
 
 
-def _nbytes(parts) -> int:
-    return sum(len(part) for part in parts)
-
-
 class MemorySender:
     def __init__(self, transport: MemoryTransport, capacity: int):
         self._transport = transport
@@ -72,8 +68,7 @@ class MemorySender:
             await self._transport.space_freed.park()
         if started is not None:
             self._stats["wait_s"] += trio.current_time() - started
-        self._stats["sent"] += 1
-        self._stats["bytes_sent"] += _nbytes(parts)
+        count_sent(self._stats, parts)
 
     def _put_nowait(self, message: list) -> bool:
         count = len(self._addresses)
@@ -109,8 +104,7 @@ class MemoryReceiver:
 
     async def receive(self) -> list[bytes]:
         parts = await self._mailbox.get()
-        self._stats["received"] += 1
-        self._stats["bytes_received"] += _nbytes(parts)
+        count_received(self._stats, parts)
         return list(parts)
 
     def statistics(self) -> dict:
@@ -129,8 +123,7 @@ class MemoryPublisher:
         for subscriber in self._transport.subscribers[self.address]:
             if subscriber.wants(topic) and not subscriber.mailbox.put_nowait(message):
                 self._stats["dropped"] += 1
-        self._stats["sent"] += 1
-        self._stats["bytes_sent"] += _nbytes(message)
+        count_sent(self._stats, message)
 
     def statistics(self) -> dict:
         return dict(self._stats)
@@ -148,8 +141,7 @@ class MemorySubscriber:
 
     async def receive(self) -> list[bytes]:
         parts = await self.mailbox.get()
-        self._stats["received"] += 1
-        self._stats["bytes_received"] += _nbytes(parts)
+        count_received(self._stats, parts)
         return list(parts)
 
     def connect(self, address: str) -> None:

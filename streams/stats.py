@@ -25,6 +25,18 @@ def new_stats() -> dict:
     return dict.fromkeys(STREAM_KEYS, 0) | {"wait_s": 0.0}
 
 
+def count_sent(stats: dict, parts) -> None:
+    """Count one message of ``parts`` sent (or published)."""
+    stats["sent"] += 1
+    stats["bytes_sent"] += sum(len(part) for part in parts)
+
+
+def count_received(stats: dict, parts) -> None:
+    """Count one message of ``parts`` handed to the actor."""
+    stats["received"] += 1
+    stats["bytes_received"] += sum(len(part) for part in parts)
+
+
 def stream_totals(streams: list[dict]) -> dict:
     """The sums over many endpoints' statistics, each key prefixed ``streams_``, for a metrics row."""
     return {f"streams_{key}": sum(s.get(key, 0) for s in streams) for key in STREAM_KEYS}

@@ -1,30 +1,26 @@
 """ZeroMQ channels driven from trio (see `channels` for the interface and the guarantees).
 
-trio has no native ZeroMQ support, so each socket is non-blocking and, on `zmq.Again`, waits on the socket's
-FD. That FD is edge-triggered: it turns readable when the socket's event state may have changed, and reading
-EVENTS resets it, so a waiter checks EVENTS before sleeping. Exactly one task may wait on an FD (a lock
-serializes its users); a socket that also sends does so without ever waiting. `connect` and `send` can
-consume the FD's edge too (libzmq processes pending commands there), so they wake the waiter to re-check.
-
-Senders and receivers speak a small credit protocol over DEALER -> ROUTER (`wire.encode_link`). A sender
-keeps one DEALER socket per receiver and numbers its messages per link; it may have at most `window`
-messages unacknowledged on a link (the smaller of its own and the receiver's capacity; its own until the
-receiver's first acknowledgement says), and waits for credit when every link is full. A receiver acknowledges what it has handed to its actor: every half
-window, and always before it waits for more. A receiver opened with ``ack_when_done`` hands a message over
+Senders and receivers speak a small credit protocol over DEALER -> ROUTER (`wire.encode_link`). A sender keeps one
+DEALER socket per receiver and numbers its messages per link; it may have at most `window` messages unacknowledged
+on a link (the smaller of its own and the receiver's capacity; its own until the receiver's first acknowledgement
+says), and waits for credit when every link is full. A receiver acknowledges what it has handed to its actor: every
+half window, and always before it waits for more. A receiver opened with ``ack_when_done`` hands a message over
 unacknowledged and counts it done only when its actor asks for the next one: an actor that keeps what it receives
 (replay spills it to disk) or passes it on (reward, once the next actor has acknowledged it) loses nothing
 acknowledged when it is killed, and its successor is sent again what it had not finished (and, if the connection
-dropped while the last acknowledgement was on its way, the message before it: such consumers drop copies by id). Nothing is dropped at a high-water mark (the credits bound
-every queue). When a link's connection drops (the receiver restarted, or the network failed), the sender
-opens a fresh socket and sends again everything not yet acknowledged; the receiver drops (and counts) what
-it already delivered, so nothing acknowledged is lost and nothing is delivered twice.
+dropped while the last acknowledgement was on its way, the message before it: such consumers drop copies by id).
+Nothing is dropped at a high-water mark (the credits bound every queue). When a link's connection drops (the
+receiver restarted, or the network failed), the sender opens a fresh socket and sends again everything not yet
+acknowledged; the receiver drops (and counts) what it already delivered, so nothing acknowledged is lost and nothing
+is delivered twice.
+
+Every socket is a `zmq_socket.TrioSocket` (how trio waits on ZeroMQ is told there, with the pub/sub endpoints);
+the CURVE keys and the rule that binding beyond loopback needs them are in `security`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import ipaddress
 import logging
 import os
 from dataclasses import dataclass
@@ -32,105 +28,17 @@ from dataclasses import dataclass
 import trio
 import zmq
 
-from streams.stats import new_stats
-from streams.wire import (
-    MAX_FRAME_BYTES, ZERO_COPY_BYTES, DropLog, FrameError, LinkType, decode_link, encode_link,
-)
+from streams.security import CurveKeys, is_loopback
+from streams.stats import count_received, count_sent, new_stats
+from streams.wire import MAX_FRAME_BYTES, DropLog, FrameError, LinkType, decode_link, encode_link
+from streams.zmq_socket import YIELD_EVERY, TrioSocket, ZmqPublisher, ZmqSubscriber
 
 log = logging.getLogger(__name__)
 
-YIELD_EVERY = 16
 SENDER_LINGER_S = 1.0  # on a clean close, a sender waits this long for its messages to be acknowledged
 RECEIVER_LINGER_MS = 500  # on close, a receiver's last acknowledgements get this long to go out
 STALLED_RETRY_S = 0.2  # a link whose socket had no peer to take a message reopens after this long
-REBIND_WAIT_S = 5.0  # how long an endpoint reopened at a given address waits for the old socket to let it go
 SOCKET_SLACK_BYTES = 2**20  # ZeroMQ disconnects a peer whose message part exceeds MAX_FRAME_BYTES + this
-
-
-class _TrioSocket:
-    """A non-blocking ZeroMQ socket that trio tasks can await."""
-
-    def __init__(self, socket: zmq.Socket):
-        self.socket = socket
-        self._fd = socket.getsockopt(zmq.FD)
-        self._lock = trio.Lock()  # one waiter on the FD at a time
-        self._wait_scope: trio.CancelScope | None = None
-        self._calls = 0
-
-    def wake(self) -> None:
-        """Make a task waiting on this socket re-read EVENTS."""
-        if self._wait_scope is not None:
-            self._wait_scope.cancel()
-
-    async def send(self, parts: list) -> float | None:
-        """Send one message, waiting while the peers are full. Returns seconds waited, or None."""
-        _, waited = await self._call(functools.partial(_send_parts, self.socket, parts), zmq.POLLOUT)
-        return waited
-
-    def send_nowait(self, parts: list) -> None:
-        """Send without waiting (on a socket whose queues the credit protocol bounds); raises zmq.Again."""
-        _send_parts(self.socket, parts)
-        if self._wait_scope is not None and self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self.wake()  # the send may have taken the FD's edge for a message that is now waiting
-
-    async def receive(self, before_wait=None) -> list:
-        """The next message; calls ``before_wait()`` each time it is about to wait for one."""
-        receive = functools.partial(self.socket.recv_multipart, zmq.NOBLOCK, copy=False)
-        frames, _ = await self._call(receive, zmq.POLLIN, before_wait)
-        return [_part(frame) for frame in frames]
-
-    async def _call(self, operation, event: int, before_wait=None) -> tuple[object, float | None]:
-        """Run a non-blocking operation, waiting on the FD while it raises zmq.Again.
-
-        Returns its result and the seconds it waited (None if it did not). Every call is a cancellation
-        point, and yields to other tasks when it waits or, if it never has to, every YIELD_EVERY calls:
-        yielding on every message halves the throughput.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if not self._lock.locked():  # fast path: no task is waiting on this socket
-            with contextlib.suppress(zmq.Again):
-                result = operation()
-                self._calls += 1
-                if self._calls % YIELD_EVERY == 0:
-                    await trio.lowlevel.cancel_shielded_checkpoint()  # done: must not raise now
-                return result, None
-        async with self._lock:
-            started = trio.current_time()
-            while True:
-                with contextlib.suppress(zmq.Again):
-                    return operation(), trio.current_time() - started
-                if before_wait is not None:
-                    before_wait()
-                await self._wait_for(event)
-
-    async def _wait_for(self, event: int) -> None:
-        while not self.socket.getsockopt(zmq.EVENTS) & event:
-            with trio.CancelScope() as self._wait_scope:
-                await trio.lowlevel.wait_readable(self._fd)
-            self._wait_scope = None
-
-    def close(self, linger_ms: int) -> None:
-        trio.lowlevel.notify_closing(self._fd)
-        self.socket.close(linger=linger_ms)
-
-
-def _send_parts(socket: zmq.Socket, parts: list) -> None:
-    """One message; large parts zero-copy, small ones copied (a zero-copy frame costs more than a small copy).
-
-    The first part raises zmq.Again if the socket cannot take the message; later parts then always go.
-    """
-    last = len(parts) - 1
-    for i, part in enumerate(parts):
-        flags = zmq.NOBLOCK | (zmq.SNDMORE if i < last else 0)
-        socket.send(part, flags, copy=len(part) < ZERO_COPY_BYTES)
-
-
-def _part(frame: zmq.Frame) -> bytes | memoryview:
-    return frame.buffer.toreadonly() if len(frame) >= ZERO_COPY_BYTES else frame.bytes
-
-
-def _nbytes(parts) -> int:
-    return sum(len(part) for part in parts)
 
 
 def _check_sizes(parts) -> None:
@@ -152,7 +60,7 @@ class _Link:
         self.window = capacity  # until the receiver says how many it takes
         self.unacked: dict[int, list] = {}  # seq -> message, oldest first
         self.next_seq = 0
-        self.sock: _TrioSocket | None = None  # None while (re)opening: messages wait in `unacked`
+        self.sock: TrioSocket | None = None  # None while (re)opening: messages wait in `unacked`
         self.scope = trio.CancelScope()
         self.stalled = trio.Event()  # set when the socket had no peer to take a message: reopen, send again
 
@@ -216,8 +124,7 @@ class ZmqSender:
             if started is not None:
                 self._stats["wait_s"] += trio.current_time() - started
         link.send(parts)
-        self._stats["sent"] += 1
-        self._stats["bytes_sent"] += _nbytes(parts)
+        count_sent(self._stats, parts)
         self._calls += 1
         if self._calls % YIELD_EVERY == 0:
             await trio.lowlevel.cancel_shielded_checkpoint()
@@ -267,7 +174,7 @@ class ZmqSender:
                 if link.stalled.is_set():
                     await trio.sleep(STALLED_RETRY_S)  # a peer that takes nothing is not retried in a tight loop
 
-    async def _read_acks(self, link: _Link, sock: _TrioSocket) -> None:
+    async def _read_acks(self, link: _Link, sock: TrioSocket) -> None:
         while True:
             frames = await sock.receive()
             try:
@@ -297,7 +204,7 @@ class _Peer:
 class ZmqReceiver:
     """Bound at `address`, fair-queued from all senders; acknowledges what it hands over, drops duplicates."""
 
-    def __init__(self, sock: _TrioSocket, address: str, capacity: int, ack_when_done: bool = False):
+    def __init__(self, sock: TrioSocket, address: str, capacity: int, ack_when_done: bool = False):
         self._sock = sock
         self.address = address
         self._capacity = capacity
@@ -315,8 +222,7 @@ class ZmqReceiver:
         while True:
             parts = self._accept(await self._sock.receive(before_wait=self.flush_acks))
             if parts is not None:
-                self._stats["received"] += 1
-                self._stats["bytes_received"] += _nbytes(parts)
+                count_received(self._stats, parts)
                 return parts
 
     def _accept(self, frames: list) -> list | None:
@@ -371,100 +277,6 @@ class ZmqReceiver:
         return {**self._stats, "in_flight": in_flight, "dropped": self._drops.total()}
 
 
-class ZmqPublisher:
-    """PUB: never blocks, and may drop: ZeroMQ drops silently for a full subscriber, so there is no 'dropped'
-    count here; subscribers count what they miss from the frames' sequence numbers (`endpoints.Inbox`)."""
-
-    def __init__(self, sock: _TrioSocket, address: str):
-        self._sock = sock
-        self.address = address
-        self._stats = new_stats()
-
-    async def publish(self, topic: bytes, parts: list[bytes]) -> None:
-        await self._sock.send([topic, *parts])  # a PUB socket never waits: it drops instead
-        self._stats["sent"] += 1
-        self._stats["bytes_sent"] += len(topic) + _nbytes(parts)
-
-    def statistics(self) -> dict:
-        return dict(self._stats)
-
-
-class ZmqSubscriber:
-    """SUB: receives `[topic, *parts]` for its topic prefixes from every publisher it connects to."""
-
-    def __init__(self, sock: _TrioSocket):
-        self._sock = sock
-        self._stats = new_stats()
-
-    async def receive(self) -> list[bytes]:
-        parts = await self._sock.receive()
-        self._stats["received"] += 1
-        self._stats["bytes_received"] += _nbytes(parts)
-        return parts
-
-    def connect(self, address: str) -> None:
-        self._sock.socket.connect(address)
-        self._sock.wake()
-
-    def statistics(self) -> dict:
-        return dict(self._stats)
-
-
-@dataclass(frozen=True)
-class CurveKeys:
-    """A cluster's CURVE keys (Z85): one pair for the binding side (receivers, publishers), one for the
-    connecting side (senders, subscribers). Only clients whose public key is in ``authorized_dir`` may connect.
-
-    Make them once with `CurveKeys.create(directory)` and give every machine of the cluster a copy.
-    """
-
-    server_public: bytes
-    server_secret: bytes
-    client_public: bytes
-    client_secret: bytes
-    authorized_dir: str
-
-    @classmethod
-    def create(cls, directory: str) -> CurveKeys:
-        import zmq.auth
-
-        os.makedirs(directory, exist_ok=True)
-        for name in ("server", "client"):
-            zmq.auth.create_certificates(directory, name)
-        return cls.load(directory)
-
-    @classmethod
-    def load(cls, directory: str) -> CurveKeys:
-        import zmq.auth
-
-        server = zmq.auth.load_certificate(os.path.join(directory, "server.key_secret"))
-        client = zmq.auth.load_certificate(os.path.join(directory, "client.key_secret"))
-        return cls(*server, *client, authorized_dir=directory)
-
-
-async def _rebind(socket: zmq.Socket, address: str) -> None:
-    """Bind ``address`` again for a restarted endpoint: its predecessor's socket may still be lingering on it."""
-    deadline = trio.current_time() + REBIND_WAIT_S
-    while True:
-        try:
-            return socket.bind(address)
-        except zmq.ZMQError as error:
-            if error.errno != zmq.EADDRINUSE:
-                raise
-            if trio.current_time() >= deadline:
-                raise OSError(f"cannot bind {address}: still in use after {REBIND_WAIT_S:.0f} s") from error
-        await trio.sleep(0.05)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # an interface name or a wildcard: not loopback
-        return False
-
-
 class ZmqTransport:
     """Channels over ZeroMQ TCP sockets. Receivers and publishers bind `tcp://host:<random port>`.
 
@@ -515,7 +327,7 @@ class ZmqTransport:
         """A sender's DEALER socket to one receiver, and a socket that gets a message when it disconnects."""
         options = {zmq.ROUTING_ID: identity, zmq.SNDHWM: 0, zmq.RCVHWM: 0}
         async with self._open(zmq.DEALER, options, linger_ms=0, server=False) as sock:
-            monitor = _TrioSocket(sock.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED))
+            monitor = TrioSocket(sock.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED))
             sock.socket.connect(address)
             try:
                 yield sock, monitor
@@ -548,34 +360,28 @@ class ZmqTransport:
             socket.setsockopt(option, value)
         if self.curve is not None:
             self._secure(socket, server)
-        sock = _TrioSocket(socket)
+        sock = TrioSocket(socket)
         try:
             yield sock
         finally:
             sock.close(linger_ms)
 
     def _secure(self, socket: zmq.Socket, server: bool) -> None:
-        keys = self.curve
-        if server:
-            if self._authenticator is None:
-                from zmq.auth.thread import ThreadAuthenticator
+        if server and self._authenticator is None:
+            from zmq.auth.thread import ThreadAuthenticator
 
-                self._authenticator = ThreadAuthenticator(self.context)
-                self._authenticator.start()
-                self._authenticator.configure_curve(domain="*", location=keys.authorized_dir)
-            socket.curve_server = True
-            socket.curve_publickey, socket.curve_secretkey = keys.server_public, keys.server_secret
-        else:
-            socket.curve_serverkey = keys.server_public
-            socket.curve_publickey, socket.curve_secretkey = keys.client_public, keys.client_secret
+            self._authenticator = ThreadAuthenticator(self.context)
+            self._authenticator.start()
+            self._authenticator.configure_curve(domain="*", location=self.curve.authorized_dir)
+        self.curve.secure(socket, server)
 
-    async def _bind(self, sock: _TrioSocket, address: str | None) -> str:
+    async def _bind(self, sock: TrioSocket, address: str | None) -> str:
         if address is None and self._rebind:
             address = self._rebind.pop(0)
         if address is None:
             sock.socket.bind(f"tcp://{self.host}:*")
         else:
-            await _rebind(sock.socket, address)
+            await sock.rebind(address)
         sock.wake()
         self.bound.append(sock.socket.getsockopt_string(zmq.LAST_ENDPOINT))
         return self.bound[-1]

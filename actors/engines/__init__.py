@@ -1,0 +1,1 @@
+"""Generation engines and models: Hugging Face and vLLM samplers, the tiny base model, snapshots, a scripted rollout."""

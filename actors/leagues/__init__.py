@@ -1,0 +1,1 @@
+"""The league's domain: matchmaking (who plays whom, when a member is frozen) and the league table."""

@@ -19,7 +19,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from actors.runs.driver import Run
-from streams.zmq_channels import CurveKeys
+from streams.security import CurveKeys
 from tests.integration.topology import small_config
 
 # node address -> the custom resource that pins actors to it; 127.0.0.1 itself Ray would replace by the

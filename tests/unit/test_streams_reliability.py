@@ -5,8 +5,8 @@ import trio
 import zmq
 
 from streams.channels import ZmqTransport
+from streams.security import CurveKeys
 from streams.wire import LinkType, encode_link
-from streams.zmq_channels import CurveKeys
 
 QUIET_S = 0.3  # how long "nothing arrives" is watched for
 

@@ -1,0 +1,250 @@
+"""The shape of the code, read from the source with `ast` (nothing is imported): no import cycles among the
+project's modules, Ray only in the launcher, no module over 400 lines.
+
+An import inside a function counts as an edge like any other: deferring an import to call time hides a cycle
+from Python, not from a reader, and that is how cycles were hidden before.
+
+Edges go to the deepest project module named: ``from actors.runs import driver`` is an edge to
+``actors.runs.driver``, ``from streams.wire import Kind`` one to ``streams.wire``, and relative imports are
+resolved against the importing module's package. A package an import only passes through (``actors.runs``
+above) is no edge of its own; a package is one where a name is taken from it (``from envs import make``).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("actors", "streams", "algos", "envs")  # the system: every rule holds here
+SCRIPTS = ("benchmarks",)  # scripts that import the system and each other: checked for cycles too
+MAX_LINES = 400
+RAY_MODULES = {"actors.launcher"}  # the only module that may know Ray: actors are plain classes
+
+
+@dataclass(frozen=True)
+class Import:
+    target: str  # the project module imported
+    path: Path  # the importing file
+    line: int
+    in_function: bool
+
+    def __str__(self) -> str:
+        where = " (inside a function)" if self.in_function else ""
+        return f"{self.path.relative_to(ROOT)}:{self.line}{where} imports {self.target}"
+
+
+def find_modules(root: Path, packages) -> dict[str, Path]:
+    """Every module under ``packages``, by dotted name (a package by its own name, for its ``__init__``)."""
+    modules = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _deepest_known(name: str, known) -> str | None:
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+class _ImportVisitor(ast.NodeVisitor):
+    """The project modules a module imports, wherever in the module the import stands."""
+
+    def __init__(self, module: str, path: Path, known):
+        self.module, self.known = module, known
+        self.package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        self.depth = 0  # how many functions the visitor is inside
+        self.found: list[tuple[str, int, bool]] = []  # (the module imported, line, inside a function)
+
+    def _function(self, node) -> None:
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_FunctionDef = visit_AsyncFunctionDef = _function
+
+    def _add(self, name: str, node) -> None:
+        target = _deepest_known(name, self.known)
+        if target is not None and target != self.module:
+            self.found.append((target, node.lineno, self.depth > 0))
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._add(alias.name, node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        base = node.module or ""
+        if node.level:  # relative: level 1 is this module's package, each further level one package up
+            package = self.package.split(".")
+            anchor = package[: len(package) - (node.level - 1)]
+            base = ".".join(anchor + ([base] if base else []))
+        for alias in node.names:  # `from pkg import module` imports the module; `from module import name`, module
+            qualified = f"{base}.{alias.name}" if base else alias.name
+            self._add(qualified if qualified in self.known else base, node)
+
+
+def imports_of(modules: dict[str, Path]) -> dict[str, list[Import]]:
+    """Every module's imports of the others, in the order they stand."""
+    graph = {}
+    for module, path in modules.items():
+        visitor = _ImportVisitor(module, path, modules)
+        visitor.visit(ast.parse(path.read_text(), filename=str(path)))
+        found = dict.fromkeys(visitor.found)  # `from m import a, b` is one import of m
+        graph[module] = [Import(target, path, line, in_function) for target, line, in_function in found]
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module, each sorted, in sorted order
+    (Tarjan's algorithm, iterative so that a deep graph cannot exhaust the stack)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for successor in successors:
+                if successor not in index:
+                    index[successor] = low[successor] = len(index)
+                    stack.append(successor)
+                    on_stack.add(successor)
+                    work.append((successor, iter(sorted(graph.get(successor, ())))))
+                    break
+                if successor in on_stack:
+                    low[node] = min(low[node], index[successor])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return sorted(found)
+
+
+def shortest_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """One shortest way round a cycle of ``component``, from its first module back to it."""
+    start, members = component[0], set(component)
+    came_from = {start: None}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for successor in sorted(graph[node] & members):
+            if successor == start:
+                path = [node]
+                while came_from[path[-1]] is not None:
+                    path.append(came_from[path[-1]])
+                return [*reversed(path), start]
+            if successor not in came_from:
+                came_from[successor] = node
+                queue.append(successor)
+    raise AssertionError(f"{component} is not a cycle")
+
+
+def describe_cycle(imports: dict[str, list[Import]], graph: dict[str, set[str]], component: list[str]) -> str:
+    """The cycle's modules, one shortest way round it, and the import lines that make each step."""
+    path = shortest_cycle(graph, component)
+    lines = [f"import cycle among {', '.join(component)}:", "    " + " -> ".join(path)]
+    for here, there in zip(path, path[1:]):
+        lines += [f"      {i}" for i in imports[here] if i.target == there]
+    return "\n".join(lines)
+
+
+def test_no_import_cycles():
+    imports = imports_of(find_modules(ROOT, PACKAGES + SCRIPTS))
+    graph = {module: {i.target for i in found} for module, found in imports.items()}
+    problems = [describe_cycle(imports, graph, component) for component in cycles(graph)]
+    assert not problems, (
+        "modules that import each other (directly or round a loop; a function-local import counts). Move what "
+        "both need to a module of its own, or pass it in, so that the imports go one way:\n\n" + "\n\n".join(problems)
+    )
+
+
+def ray_imports(path: Path) -> list[tuple[int, str]]:
+    """Where ``path`` imports Ray or any part of it (inside functions too): (line, what)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        found += [(node.lineno, name) for name in names if name.partition(".")[0] == "ray"]
+    return found
+
+
+def test_ray_is_imported_only_by_the_launcher():
+    offenders = [f"{path.relative_to(ROOT)}:{line} imports {name}"
+                 for module, path in find_modules(ROOT, PACKAGES).items() if module not in RAY_MODULES
+                 for line, name in ray_imports(path)]
+    assert not offenders, (
+        f"Ray imported outside {', '.join(sorted(RAY_MODULES))}: actors and streams are plain classes that the "
+        "launcher wraps with ray.remote at the edge (STYLE.md, 4):\n    " + "\n    ".join(offenders)
+    )
+
+
+def test_no_module_is_over_400_lines():
+    lengths = {path: len(path.read_text().splitlines()) for path in find_modules(ROOT, PACKAGES).values()}
+    over = sorted(((n, path) for path, n in lengths.items() if n > MAX_LINES), reverse=True)
+    assert not over, (
+        f"modules over {MAX_LINES} lines (usually two ideas share the file: split it along them; STYLE.md, "
+        "'Size'):\n    " + "\n    ".join(f"{path.relative_to(ROOT)}: {n} lines" for n, path in over)
+    )
+
+
+# -- the checks themselves: they can fail ------------------------------------------------------------------
+
+def test_the_cycle_finder_finds_each_cycle_and_nothing_else():
+    graph = {
+        "a": {"b"}, "b": {"c"}, "c": {"a", "d"},  # a -> b -> c -> a
+        "d": {"e"}, "e": set(),  # hangs off the cycle, in none
+        "x": {"y"}, "y": {"x"},  # a second, separate cycle
+        "f": {"f"},  # a module importing itself is no cycle between modules
+    }
+    assert cycles(graph) == [["a", "b", "c"], ["x", "y"]]
+    assert shortest_cycle(graph, ["a", "b", "c"]) == ["a", "b", "c", "a"]
+    assert cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []  # a diamond is not a cycle
+    chain = {str(i): {str(i + 1)} for i in range(5000)} | {"5000": {"0"}}  # deeper than the recursion limit
+    assert cycles(chain) == [sorted(chain)]
+
+
+def test_imports_are_resolved_to_the_modules_they_name(tmp_path):
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/one.py": "from . import two\nfrom .two import thing\n",
+        "pkg/sub/two.py": "def later():\n    from ..top import name\n",  # function-local and two levels up
+        "pkg/top.py": "import pkg.sub.one\nfrom pkg.sub import two\nfrom pkg import sub\nimport os, ray\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    modules = find_modules(tmp_path, ("pkg",))
+    assert set(modules) == {"pkg", "pkg.sub", "pkg.sub.one", "pkg.sub.two", "pkg.top"}
+    edges = {m: [(i.target, i.line, i.in_function) for i in found] for m, found in imports_of(modules).items()}
+    assert edges["pkg.sub.one"] == [("pkg.sub.two", 1, False), ("pkg.sub.two", 2, False)]
+    assert edges["pkg.sub.two"] == [("pkg.top", 2, True)]
+    assert edges["pkg.top"] == [("pkg.sub.one", 1, False), ("pkg.sub.two", 2, False), ("pkg.sub", 3, False)]
+    graph = {m: {target for target, _, _ in found} for m, found in edges.items()}
+    assert cycles(graph) == [["pkg.sub.one", "pkg.sub.two", "pkg.top"]]
+    assert ray_imports(modules["pkg.top"]) == [(4, "ray")]
+    (tmp_path / "pkg/sub/two.py").write_text("def f():\n    from ray.util import x\nimport rayon\n")
+    assert ray_imports(modules["pkg.sub.two"]) == [(2, "ray.util")]
+
