@@ -14,7 +14,7 @@ from pathlib import Path
 from actors.runs.autoscale import AutoscaleConfig, autoscale_target
 from actors.engines.base_model import ensure_base_model, tiny_model_config
 from actors.runs.control import ControlServer
-from actors.env import admission_share
+from actors.admission import admission_share
 from actors.runs.monitor import Evaluation, MetricsLog, plot_learning_curve
 from actors.runs.recovery import GroupRecovery, call_unless_dead, restart_env, statistics_or_recover
 
