@@ -66,7 +66,7 @@ class Admission:
         return [m for m, started in self._started.items() if started < self.limit(m)]
 
     async def wait_for_change(self) -> None:
-        """Wait until admission may have moved (a new version, or new shares)."""
+        """Wait until admission may have moved (a new version, new shares, an episode given back)."""
         self.waits += 1
         await self._changed.wait()
 
@@ -74,8 +74,10 @@ class Admission:
         self._started[member] += 1
 
     def given_back(self, member: str) -> None:
-        """An episode started for ``member`` that will never be consumed (errored, or without rows)."""
+        """An episode started for ``member`` that will never be consumed (errored, or without rows): its place
+        reopens at once, for the learner may wait on a replacement before it publishes a new version."""
         self._started[member] -= 1
+        self._moved()
 
     def set_version(self, member: str, version: int) -> None:
         """``member``'s learner is at ``version`` (the driver's say, or a resume's)."""
