@@ -89,8 +89,9 @@ class EnvConfig:
         Payoff(self.opponent_seat_decay)  # checks the decay
 
 
-
 class EnvActor:
+    """Training and evaluation episodes on one trio loop (see the module); the launcher wraps it for Ray."""
+
     def __init__(self, cfg: EnvConfig, name: str = "env"):
         self.cfg, self.name = cfg, name
         self._ids = itertools.count()  # episodes: "<name>-<incarnation>-<n>"
