@@ -7,7 +7,8 @@ crashes it, and is never executed or unpickled.
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+import contextlib
+from typing import AsyncIterator, Callable, TypeVar
 
 from streams.wire import DropLog, FrameCounter, FrameError, Kind, decode_frame
 
@@ -30,6 +31,15 @@ class Outbox:
 
     def statistics(self) -> dict:
         return self.channel.statistics()
+
+
+@contextlib.asynccontextmanager
+async def open_outboxes(transport, addresses: dict[str, list[str]], kind: Kind, sender_name: str,
+                        capacity: int = 64) -> AsyncIterator[dict[str, Outbox]]:
+    """One Outbox of ``kind`` per key of ``addresses`` (e.g. a learning member), each on a Sender of its own."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield {key: Outbox(await stack.enter_async_context(transport.open_sender(to, capacity=capacity)), kind,
+                           sender_name) for key, to in addresses.items()}
 
 
 class Inbox:

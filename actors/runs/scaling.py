@@ -16,7 +16,7 @@ import queue
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from actors.env import admission_share  # TODO(merge): actors.admission
+from actors.admission import admission_share
 from actors.runs.autoscale import autoscale_target
 from actors.runs.recovery import call_unless_dead, statistics_or_recover
 from actors.topology import spawn_envs, spawn_rollouts

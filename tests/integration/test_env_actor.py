@@ -9,7 +9,7 @@ import trio.testing
 from transformers import AutoTokenizer
 
 from streams.endpoints import Inbox
-from actors.env import EnvActor, EnvConfig, admission_share
+from actors.env import EnvActor, EnvConfig
 from actors.engines.scripted import serve_scripted
 from streams.channels import MemoryTransport
 from streams.messages import Completion
@@ -285,14 +285,6 @@ def test_a_rebalance_to_a_slot_out_of_range_is_refused(tiny_model_dir):
     env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir)))
     with pytest.raises(ValueError, match="admission slot"):
         env.rebalance((2, 2), 0)
-
-
-def test_admission_shares_add_up_to_the_allowance_and_grow_with_it():
-    for n in range(1, 6):
-        for allowance in range(0, 40):
-            shares = [admission_share(allowance, i, n) for i in range(n)]
-            assert sum(shares) == allowance and max(shares) - min(shares) <= 1
-            assert all(admission_share(allowance + 1, i, n) >= s for i, s in enumerate(shares))
 
 
 def evaluate_without_model(tiny_model_dir, games_per_seat, concurrency=16, env_name="tictactoe", **kwargs) -> dict:

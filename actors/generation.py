@@ -1,0 +1,153 @@
+"""Asking rollout actors for moves: a ``PolicyClient`` sends generation requests and routes the answers back.
+
+Each policy is served by its rollout group: a learning member's own group, and a snapshot ``<member>-v<n>`` by
+its member's group. Every request for a live member carries the learner version the env actor knows of as
+``min_version``: the rollout actor waits for those weights rather than sample with older ones, so with
+max_staleness = 0 training is exactly on-policy. A snapshot's weights are frozen: any version serves it.
+
+Request ids of a restarted env actor (``incarnation`` > 0) start apart from its predecessor's, so an answer to
+a dead actor's request is dropped here as a stray. A request stays in the waiting map until it is answered;
+``reissue`` sends every unanswered one again (a rollout actor died with some of them, and only it knew which),
+and an answer that comes twice counts once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+from typing import AsyncIterator, Callable
+
+import trio
+
+from actors.engines.snapshots import parse_snapshot_id
+from streams.endpoints import Inbox, Outbox, open_outboxes
+from streams.messages import Completion, GenerationRequest
+from streams.wire import Kind
+
+
+class GenerationRefused(Exception):
+    """The rollout actor could not sample a request (e.g. vLLM refuses temperatures above 2): the episode
+    that asked is dropped, with the reason in the log, and counted as errored."""
+
+
+@contextlib.asynccontextmanager
+async def open_policy_client(transport, rollouts: dict[str, list[str]], *, name: str, own: str, temperature: float,
+                             min_version: Callable[[str], int], incarnation: int = 0) -> AsyncIterator[PolicyClient]:
+    """A ``PolicyClient`` sending to each member's rollout group in ``rollouts`` (``own``: the group a scale
+    changes), answered on a receiver of its own; its router and reissues run in its nursery until exit."""
+    async with (
+        transport.open_receiver(capacity=1024) as completions,
+        open_outboxes(transport, rollouts, Kind.GENERATE, name, capacity=1024) as requests,
+        trio.open_nursery() as nursery,
+    ):
+        client = PolicyClient(requests, Inbox(completions, Kind.COMPLETION, Completion.from_body),
+                              completions.address, nursery, own=own, rollouts=rollouts[own],
+                              temperature=temperature, min_version=min_version, incarnation=incarnation)
+        nursery.start_soon(client.route_completions)
+        yield client
+        nursery.cancel_scope.cancel()
+
+
+class PolicyClient:
+    """Generation requests out, completions back to the episode that waits on each (see the module)."""
+
+    def __init__(self, requests: dict[str, Outbox], completions: Inbox, reply_to: str, nursery, *, own: str,
+                 rollouts: list[str], temperature: float, min_version: Callable[[str], int], incarnation: int = 0):
+        self._requests, self._completions, self.reply_to, self._nursery = requests, completions, reply_to, nursery
+        self._own, self._rollouts = own, list(rollouts)  # the own group's actors: a scale changes them
+        self._temperature, self._min_version = temperature, min_version
+        self._request_ids = itertools.count(incarnation << 40)  # apart from any predecessor's
+        self._waiting: dict[int, tuple[trio.Event, list, bytes, str]] = {}  # id -> (done, completion, request, group)
+        self.counts = {"reissued_requests": 0, "duplicate_completions": 0}
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int, policy: str) -> Completion:
+        """A completion from ``policy``'s rollout group: a live member's at least at the version this actor
+        knows of; a snapshot's (frozen) from its member's group, at any version."""
+        request_id = next(self._request_ids)
+        done, slot = trio.Event(), []
+        snapshot = parse_snapshot_id(policy) if policy not in self._requests else None
+        group = snapshot[0] if snapshot else policy
+        if group not in self._requests:
+            raise ValueError(f"no rollout group serves policy {policy!r} (groups: {sorted(self._requests)})")
+        body = GenerationRequest(request_id, self.reply_to, policy, prompt_ids, self._temperature, max_tokens,
+                                 0 if snapshot else self._min_version(policy)).to_body()
+        self._waiting[request_id] = (done, slot, body, group)
+        try:
+            await self._requests[group].send(body)
+            await done.wait()
+        finally:
+            self._waiting.pop(request_id, None)
+        if slot[0].error:
+            raise GenerationRefused(f"the rollout actor refused generation request {request_id}: {slot[0].error}")
+        return slot[0]
+
+    async def route_completions(self) -> None:
+        while True:
+            completion = await self._completions.receive()
+            waiter = self._waiting.get(completion.request_id)
+            if waiter is None or waiter[1]:  # a reissued request answered twice, or a stray: the first counts
+                self.counts["duplicate_completions"] += 1
+                continue
+            waiter[1].append(completion)
+            waiter[0].set()
+
+    def set_rollouts(self, addresses: list[str]) -> None:
+        """Send the own group's requests to these rollout actors from now on (a scale): joining ones take work
+        at once; a leaving one is sent nothing more, and what it was sent and had not acknowledged is dropped
+        here: the launcher calls ``reissue`` once it is gone, and an answer that still comes is counted once."""
+        sender = self._requests[self._own].channel
+        for address in set(self._rollouts) - set(addresses):
+            sender.disconnect(address)
+        for address in addresses:
+            if address not in self._rollouts:
+                sender.connect(address)
+        self._rollouts = list(addresses)
+
+    def reissue(self) -> int:
+        """Send again every generation request still unanswered. Returns how many go out."""
+        unanswered = [request_id for request_id, (_, slot, _, _) in self._waiting.items() if not slot]
+        self._nursery.start_soon(self._reissue, unanswered)
+        return len(unanswered)
+
+    async def _reissue(self, request_ids: list[int]) -> None:
+        for request_id in request_ids:
+            _, slot, body, group = self._waiting.get(request_id, (None, True, None, None))
+            if not slot:  # answered (or ended) since reissue() was called: nothing to send
+                await self._requests[group].send(body)
+                self.counts["reissued_requests"] += 1
+
+    def statistics(self) -> dict:
+        completions = self._completions.statistics()
+        return {**self.counts, "live_episodes": len(self._waiting), "dropped_frames": completions["dropped_frames"],
+                "completions": completions}
+
+
+def by_member(peers: list[str] | dict[str, list[str]], policy_id: str) -> dict[str, list[str]]:
+    """Addresses per learning member: a league's map as it is, one policy's list under its id."""
+    return dict(peers) if isinstance(peers, dict) else {policy_id: list(peers)}
+
+
+class TokenCodec:
+    """Prompts to token ids and actions to text, through the fast tokenizer's core when there is one.
+
+    Prompts repeat (instructions, first observations, templated feedback), so their ids are cached by text
+    (``cache_size`` of them, least recently used out): the same ids ``tokenizer(prompt)`` gives.
+    """
+
+    def __init__(self, tokenizer, cache_size: int = 8192):
+        core = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
+        if core is not None:
+            self._encode_new = lambda text: tuple(core.encode(text).ids)
+            self.decode = lambda ids: core.decode(ids, skip_special_tokens=True)
+        else:
+            self._encode_new = lambda text: tuple(tokenizer(text)["input_ids"])
+            self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+        self._cached = functools.lru_cache(maxsize=cache_size)(self._encode_new)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._cached(text))
+
+    @property
+    def hits(self) -> int:
+        return self._cached.cache_info().hits
