@@ -77,7 +77,7 @@ ReplayArgs = args_schema(ReplayConfig, "ReplayArgs", BUILT[ReplayConfig])
 RewardArgs = args_schema(RewardConfig, "RewardArgs")
 LeagueArgs = args_schema(LeagueConfig, "LeagueArgs", BUILT[LeagueConfig])
 # null warmup_env: the run's environment (env.args.env_name and env_args)
-TinyArgs = args_schema(TinyModelConfig, "TinyArgs", ("warmup_env_args",), optional=("warmup_env",))
+TinyArgs = args_schema(TinyModelConfig, "TinyArgs", optional=("warmup_env",))
 
 
 def built_args(args) -> dict:
@@ -212,6 +212,11 @@ def unknown_keys(given: dict, known: dict, path: str = "") -> list[str]:
     return unknown
 
 
+def run_budget(cfg: RunConfig) -> dict:
+    """The run's training budget, for the learner's learning-rate schedule (``learner.args.lr_decay``)."""
+    return {"budget_s": cfg.run.minutes * 60 if cfg.run.minutes else None, "budget_versions": cfg.run.max_versions}
+
+
 def register() -> None:
     """Make ``RunConfig`` Hydra's schema ``tidal_schema`` (the first entry of every job's defaults list)."""
     from hydra.core.config_store import ConfigStore
@@ -247,5 +252,27 @@ def check(cfg: RunConfig) -> None:
             problems.append("league.members: a league needs at least one member with role 'main'")
         if cfg.rollout.autoscale.enabled:
             problems.append("rollout.autoscale.enabled: a league scales its members' rollouts by `tidal scale`")
+    problems += actor_config_problems(cfg)
     if problems:
         raise ValueError("; ".join(problems))
+
+
+def actor_config_problems(cfg: RunConfig) -> list[str]:
+    """What each actor's own config refuses (its ``__post_init__``), found before any actor starts."""
+    groups = {
+        "env.args": lambda: EnvConfig(tokenizer_path="", policy_id=cfg.run.policy_id, **built_args(cfg.env.args)),
+        "rollout": lambda: RolloutConfig(model_path="", backend=cfg.rollout.backend, **built_args(cfg.rollout.args)),
+        "learner": lambda: LearnerConfig(model_path="", max_staleness=cfg.learner.max_staleness,
+                                         checkpoint_every=cfg.learner.checkpoint_every, **run_budget(cfg),
+                                         **built_args(cfg.learner.args)),
+    }
+    if cfg.league is not None:
+        groups["league"] = lambda: LeagueConfig(members=[dataclasses.asdict(m) for m in cfg.league.members],
+                                                state_dir="", **built_args(cfg.league.args))
+    problems = []
+    for key, make in groups.items():
+        try:
+            make()
+        except (ValueError, TypeError) as error:
+            problems.append(f"{key}: {error}")
+    return problems

@@ -178,9 +178,10 @@ class EnvActor:
         workers = min(self.cfg.concurrency, games_per_seat * len(seats))
         self._nursery.start_soon(self._evaluate, tally, matches, workers)
 
-    def set_rollouts(self, addresses: list[str]) -> None:
-        """Send this policy's requests to these rollout actors from now on (a scale; see ``PolicyClient``)."""
-        self._policy.set_rollouts(addresses)
+    def set_rollouts(self, addresses: list[str], member: str | None = None) -> None:
+        """Send ``member``'s (default: this actor's own policy's) requests to these rollout actors from now on
+        (a scale; see ``PolicyClient``)."""
+        self._policy.set_rollouts(addresses, member)
 
     def rebalance(self, slot: tuple[int, int], delta: int) -> int:
         """A scale of env actors: this actor's admission share and count move (see ``Admission.rebalance``).

@@ -34,15 +34,15 @@ class GenerationRefused(Exception):
 @contextlib.asynccontextmanager
 async def open_policy_client(transport, rollouts: dict[str, list[str]], *, name: str, own: str, temperature: float,
                              min_version: Callable[[str], int], incarnation: int = 0) -> AsyncIterator[PolicyClient]:
-    """A ``PolicyClient`` sending to each member's rollout group in ``rollouts`` (``own``: the group a scale
-    changes), answered on a receiver of its own; its router and reissues run in its nursery until exit."""
+    """A ``PolicyClient`` sending to each member's rollout group in ``rollouts`` (``own``: this actor's own
+    policy), answered on a receiver of its own; its router and reissues run in its nursery until exit."""
     async with (
         transport.open_receiver(capacity=1024) as completions,
         open_outboxes(transport, rollouts, Kind.GENERATE, name, capacity=1024) as requests,
         trio.open_nursery() as nursery,
     ):
         client = PolicyClient(requests, Inbox(completions, Kind.COMPLETION, Completion.from_body),
-                              completions.address, nursery, own=own, rollouts=rollouts[own],
+                              completions.address, nursery, own=own, rollouts=rollouts,
                               temperature=temperature, min_version=min_version, incarnation=incarnation)
         nursery.start_soon(client.route_completions)
         yield client
@@ -53,9 +53,10 @@ class PolicyClient:
     """Generation requests out, completions back to the episode that waits on each (see the module)."""
 
     def __init__(self, requests: dict[str, Outbox], completions: Inbox, reply_to: str, nursery, *, own: str,
-                 rollouts: list[str], temperature: float, min_version: Callable[[str], int], incarnation: int = 0):
+                 rollouts: dict[str, list[str]], temperature: float, min_version: Callable[[str], int], incarnation: int = 0):
         self._requests, self._completions, self.reply_to, self._nursery = requests, completions, reply_to, nursery
-        self._own, self._rollouts = own, list(rollouts)  # the own group's actors: a scale changes them
+        self._own = own
+        self._rollouts = {m: list(a) for m, a in rollouts.items()}  # each group's actors: a scale changes them
         self._temperature, self._min_version = temperature, min_version
         self._request_ids = itertools.count(incarnation << 40)  # apart from any predecessor's
         self._waiting: dict[int, tuple[trio.Event, list, bytes, str]] = {}  # id -> (done, completion, request, group)
@@ -92,17 +93,21 @@ class PolicyClient:
             waiter[1].append(completion)
             waiter[0].set()
 
-    def set_rollouts(self, addresses: list[str]) -> None:
-        """Send the own group's requests to these rollout actors from now on (a scale): joining ones take work
-        at once; a leaving one is sent nothing more, and what it was sent and had not acknowledged is dropped
-        here: the launcher calls ``reissue`` once it is gone, and an answer that still comes is counted once."""
-        sender = self._requests[self._own].channel
-        for address in set(self._rollouts) - set(addresses):
+    def set_rollouts(self, addresses: list[str], member: str | None = None) -> None:
+        """Send ``member``'s requests (default: the own policy's) to these rollout actors from now on (a scale):
+        joining ones take work at once; a leaving one is sent nothing more, and what it was sent and had not
+        acknowledged is dropped here: the driver calls ``reissue`` once it is gone, and an answer that still
+        comes is counted once."""
+        member = member or self._own
+        if member not in self._requests:
+            raise ValueError(f"no rollout group of member {member!r} (groups: {sorted(self._requests)})")
+        sender, before = self._requests[member].channel, self._rollouts[member]
+        for address in set(before) - set(addresses):
             sender.disconnect(address)
         for address in addresses:
-            if address not in self._rollouts:
+            if address not in before:
                 sender.connect(address)
-        self._rollouts = list(addresses)
+        self._rollouts[member] = list(addresses)
 
     def reissue(self) -> int:
         """Send again every generation request still unanswered. Returns how many go out."""

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.config import RunConfig, built_args
+from actors.config import RunConfig, built_args, run_budget
 from actors.env import EnvActor, EnvConfig
 from actors.league import LeagueActor, LeagueConfig
 from actors.learner import LearnerActor, LearnerConfig
@@ -89,11 +89,6 @@ class Topology:
 def policy_dir(cfg: RunConfig, member: str) -> str:
     """Where ``member``'s learner checkpoints, relative to the run directory."""
     return "policy" if cfg.league is None else f"members/{member}/policy"
-
-
-def run_budget(cfg: RunConfig) -> dict:
-    """The run's training budget, for the learner's learning-rate schedule (``learner.args.lr_decay``)."""
-    return {"budget_s": cfg.run.minutes * 60 if cfg.run.minutes else None, "budget_versions": cfg.run.max_versions}
 
 
 def plan_groups(cfg: RunConfig, model_path: str, run_dir: Path) -> dict[str, Group]:

@@ -34,7 +34,7 @@ import ray
 
 from actors.cli import load_config
 from actors.learner import checkpoint_cursor
-from actors.runs.driver import Run
+from actors.runs.driver import Driver
 from actors.spill import account_episodes
 
 KINDS = ["reward", "replay", "learner", "env", "rollout"]
@@ -61,13 +61,14 @@ def wait_for(predicate, what: str, timeout: float = 300.0) -> None:
         time.sleep(0.05)
 
 
-def victim(run: Run, kind: str, rng: random.Random) -> str:
+def victim(run: Driver, kind: str, rng: random.Random) -> str:
     top = run.top
-    return {"reward": top.reward, "replay": top.replay, "learner": top.learner,
-            "env": rng.choice(top.envs), "rollout": rng.choice(top.rollouts)}[kind]
+    group = top.groups[run.cfg.run.policy_id]
+    return {"reward": group.reward, "replay": group.replay, "learner": group.learner,
+            "env": rng.choice(top.envs), "rollout": rng.choice(group.rollouts)}[kind]
 
 
-def drive(run: Run, events, rng: random.Random, runner: threading.Thread) -> list[dict]:
+def drive(run: Driver, events, rng: random.Random, runner: threading.Thread) -> list[dict]:
     """Carry out ``events`` against the running ``run``; returns the kills (actor, time)."""
     wait_for(lambda: run.started is not None or not runner.is_alive(), "training to start")
     kills = []
@@ -120,8 +121,8 @@ def main() -> int:
                        "run.log_every_s=1", "eval.every_s=0", *(QUICK if args.quick else []), *overrides])
     rng = random.Random(args.seed)
     events = schedule(rng, minutes * 60)
-    ray.init(num_cpus=cfg["ray"]["num_cpus"], include_dashboard=False, logging_level=logging.WARNING)
-    run = Run(cfg)
+    ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+    run = Driver(cfg)
     outcome = {}
     runner = threading.Thread(target=lambda: outcome.setdefault("summary", run.execute()))
     runner.start()

@@ -162,7 +162,7 @@ def main(argv=None) -> None:
     from actors.cli import load_config
 
     cfg = load_config([])  # the default job's tiny model: only its tokenizer is used
-    model_dir = ensure_base_model(cfg["model"]["cache_dir"], tiny_model_config(cfg))
+    model_dir = ensure_base_model(cfg.model.cache_dir, tiny_model_config(cfg))
     # GEM and tidal take turns, so a change in the machine's load falls on both; medians of the rounds
     gem_rates, tidal_rates = [], []
     for round_ in range(args.rounds):

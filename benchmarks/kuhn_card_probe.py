@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lr", type=float, default=None, help="default: the league's learner.args.lr")
     args, overrides = parser.parse_known_args(argv)
     cfg = load_config(overrides, "league")
-    lr = args.lr or cfg["learner"]["args"]["lr"]
+    lr = args.lr or cfg.learner.args.lr
     torch.set_num_threads(1)
     torch.manual_seed(0)
     print("signal: A(bet/call) - A(check/fold) of a card-blind learner against the main agent's training mix")
@@ -132,8 +132,8 @@ def main(argv: list[str]) -> int:
         a = training_mix_advantages(q)
         mean = sum(a.values()) / len(a)
         print(f"  q={q}: " + " ".join(f"{name(s)}={a[s]:+.2f}" for s in STATES) + f"  (mean {mean:+.2f})")
-    base = Path(cfg["model"]["path"]) if cfg["model"]["path"] else \
-        ensure_base_model(cfg["model"]["cache_dir"], tiny_model_config(cfg))
+    base = Path(cfg.model.path) if cfg.model.path else \
+        ensure_base_model(cfg.model.cache_dir, tiny_model_config(cfg))
     for objective, targets in (("rl", training_mix_advantages(0.5)),
                                ("ce", {s: (0.1, 0.5, 0.9)[int(s[0])] for s in STATES})):
         model, tokenizer = load_policy(str(base))

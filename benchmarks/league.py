@@ -39,7 +39,7 @@ import torch
 
 from actors.engines.base_model import ensure_base_model, load_policy, tiny_model_config
 from actors.cli import load_config
-from actors.runs.league_steward import LeagueRun
+from actors.runs.driver import Driver
 from actors.leagues.table import format_table
 from envs.kuhn_poker import CARDS, KuhnPoker
 
@@ -180,17 +180,17 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     cfg = load_config([*(QUICK if args.quick else []), f"run.dir={out}", f"run.name=league-{int(time.time())}",
                        *overrides], "league")
-    base = Path(cfg["model"]["path"]) if cfg["model"]["path"] else \
-        ensure_base_model(cfg["model"]["cache_dir"], tiny_model_config(cfg))
-    cfg["model"]["path"] = str(base)
+    base = Path(cfg.model.path) if cfg.model.path else \
+        ensure_base_model(cfg.model.cache_dir, tiny_model_config(cfg))
+    cfg.model.path = str(base)
     base_nash, base_table = nash_conv(base)
     started = time.time()
-    summary = LeagueRun(cfg).execute()
+    summary = Driver(cfg).execute()
     minutes = (time.time() - started) / 60
     run_dir = Path(summary["run_dir"])
     state = json.loads((run_dir / "league" / "league_state.json").read_text())
     print(format_table(state))
-    mains = [m["id"] for m in cfg["league"]["members"] if m["role"] == "main"]
+    mains = [m.id for m in cfg.league.members if m.role == "main"]
     finals = {(e["player"], e["opponent"]): e["win_rate"] for e in summary["evaluations"] if e["tag"].startswith("final")}
     starts = {(e["player"], e["opponent"]): e["win_rate"] for e in summary["evaluations"] if e["tag"].startswith("start")}
     for (player, opponent), rate in sorted(finals.items()):
@@ -216,7 +216,7 @@ def main(argv: list[str]) -> int:
         "evaluations": summary["evaluations"], "snapshots_played": played,
         "exact_vs_random": {name: {"win_rate": w, "chips": c} for name, (w, c) in exact.items()},
         "minutes": minutes}, indent=1))
-    print(f"members={len(cfg['league']['members'])} snapshots={len(state['snapshots'])} "
+    print(f"members={len(cfg.league.members)} snapshots={len(state['snapshots'])} "
           f"matches={state['stats']['matches']} main_exploitability={main_nash:.4f} "
           f"main_vs_random={finals.get((mains[0], 'random'), float('nan')):.3f}")
     return 0

@@ -20,15 +20,15 @@ import time
 
 from actors.engines.base_model import ensure_base_model, tiny_model_config
 from actors.cli import load_config
-from actors.launcher import launch
+from actors.cli import launch
 
 
 def main(overrides: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = load_config(overrides)
-    if not cfg["model"]["path"]:
+    if not cfg.model.path:
         started = time.time()
-        ensure_base_model(cfg["model"]["cache_dir"], tiny_model_config(cfg))
+        ensure_base_model(cfg.model.cache_dir, tiny_model_config(cfg))
         print(f"base_model_minutes={(time.time() - started) / 60:.2f} (one-time, cached)", flush=True)
     started = time.time()
     summary = launch(cfg)

@@ -34,7 +34,7 @@ import time
 from actors.cli import load_config
 from actors.runs.control import send_scale
 from actors.runs.monitor import episodes_per_s
-from actors.runs.driver import Run
+from actors.runs.driver import Driver
 
 SETTLE_S = 3.0  # after the env actors started sending to the joining actors: their queues fill
 
@@ -54,7 +54,7 @@ def config(out: str, kind: str, latency_s: float, max_batch: int, first: int, mi
                         *overrides])
 
 
-def drive(run: Run, kind: str, counts: list[int], phase_s: float, runner: threading.Thread) -> None:
+def drive(run: Driver, kind: str, counts: list[int], phase_s: float, runner: threading.Thread) -> None:
     """Scale ``run`` through its control endpoint to each next count, ``phase_s`` after the last took work."""
     while (run.started is None or not (run.dir / "control.json").exists()) and runner.is_alive():
         time.sleep(0.1)
@@ -95,7 +95,7 @@ def main() -> int:
     phase_s = 25.0 if args.quick else args.phase_s
     # each phase, plus a margin for the joining actors' start (a minute at most, on a busy machine)
     minutes = (len(counts) * phase_s + 60 * (len(counts) - 1)) / 60
-    run = Run(config(args.out, args.kind, args.latency_s, args.max_batch, counts[0], minutes, overrides))
+    run = Driver(config(args.out, args.kind, args.latency_s, args.max_batch, counts[0], minutes, overrides))
     outcome = {}
     runner = threading.Thread(target=lambda: outcome.setdefault("summary", run.execute()))
     runner.start()

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from actors.cli import load_config
-from actors.launcher import launch
+from actors.cli import launch
 
 LOSSES = {"decoupled": "decoupled_ppo", "naive": "ppo"}
 # The settings its README table was measured with (the default job's until 2026-11-25): games against random,

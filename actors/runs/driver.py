@@ -153,25 +153,27 @@ class Driver:
             self.steward.tick(stats)
         return stats
 
-    def _row(self, stats: dict, evaluation: dict | None = None) -> dict:
+    def _row(self, stats: dict, evaluation: dict | None = None, rates: bool = True) -> dict:
         first = next(iter(self.top.groups.values()))
         extra = self.steward.metrics(stats) if self.steward is not None else None
-        return self.metrics.snapshot(stats, evaluation, learner=first.learner, replay=first.replay, extra=extra)
+        return self.metrics.snapshot(stats, evaluation, learner=first.learner, replay=first.replay, extra=extra,
+                                     rates=rates)
 
     def _evaluate_now(self, tag: str, games: int) -> None:
         """A round of evaluations, waited for."""
         self.evaluations.start(tag, games)
         while self.evaluations.open:
             stats = self._tick()
-            for result in self.evaluations.collect(stats):
-                self._record(result, stats)
+            for i, result in enumerate(self.evaluations.collect(stats)):
+                self._record(result, stats, rates=i == 0)
             if self.evaluations.open:
                 time.sleep(POLL_S)
 
-    def _record(self, result: dict, stats: dict) -> None:
+    def _record(self, result: dict, stats: dict, rates: bool = True) -> None:
+        """An evaluation's result: kept, in a metrics row (``rates``: the first of this moment's rows)."""
         result["minute"] = (time.time() - self.started) / 60 if self.started else self.offset_s / 60
         self.evaluations.results.append(result)
-        self._row(stats, evaluation=result)
+        self._row(stats, evaluation=result, rates=rates)
         if self.steward is not None:
             self.steward.record_evaluation(result)
         log.info("evaluation %s: %s vs %s: non-loss %.3f (by seat %s), wins %.3f, invalid %.3f", result["tag"],
@@ -191,8 +193,8 @@ class Driver:
             self.scaler.apply()
             stats = self._tick()
             results = self.evaluations.collect(stats)
-            for result in results:
-                self._record(result, stats)  # writes this round's metrics row too
+            for i, result in enumerate(results):
+                self._record(result, stats, rates=i == 0)  # writes this round's metrics row too
             if not results:
                 self._row(stats)
             row = self.metrics.rows[-1]

@@ -10,7 +10,6 @@ from pathlib import Path
 from streams.stats import stream_totals
 
 log = logging.getLogger(__name__)
-MIN_RATE_INTERVAL_S = 0.05  # rates are measured between rows at least this far apart
 
 
 # counters that a restarted env or rollout actor starts again from 0, and that the run's totals continue (a
@@ -108,9 +107,10 @@ class MetricsLog:
         return (totals["train_return_sum"] - returns) / ended
 
     def snapshot(self, stats: dict[str, dict], evaluation: dict | None = None, learner: str = "learner",
-                 replay: str = "replay", extra: dict | None = None) -> dict:
+                 replay: str = "replay", extra: dict | None = None, rates: bool = True) -> dict:
         """One metrics row from every actor's ``stats``: totals over the env and rollout actors, and the run's
-        policy's ``learner`` and ``replay`` (a league's first member's; ``extra`` adds the league's own)."""
+        policy's ``learner`` and ``replay`` (a league's first member's; ``extra`` adds the league's own).
+        ``rates=False``: a further row of the same moment (a round's other evaluations) measures no rates."""
         now = time.time()
         stats = self.counters.apply(stats)
         replay, learner = stats.get(replay, {}), stats[learner]
@@ -145,9 +145,7 @@ class MetricsLog:
         row.update(stream_totals([s for actor in stats.values() for s in actor.get("streams", {}).values()]))
         if extra:
             row.update(extra)
-        # rows written together (a round's evaluations) measure no rates: only rows apart in time do
-        fresh = self._last is None or now - self._last[0] >= MIN_RATE_INTERVAL_S
-        if fresh and self._last is not None:
+        if rates and self._last is not None:
             then, before = self._last
             dt = max(now - then, 1e-9)
             row["episodes_per_s"] = (totals["episodes"] - before["episodes"]) / dt
@@ -162,7 +160,7 @@ class MetricsLog:
                 row[key] = learner["last"][key]
         if evaluation is not None:
             row["evaluation"] = evaluation
-        if fresh:
+        if rates:
             self._last = (now, totals)
         self.rows.append(row)
         with self.path.open("a") as f:

@@ -18,7 +18,7 @@ from pathlib import Path
 import ray
 from ray.cluster_utils import Cluster
 
-from actors.runs.driver import Run
+from actors.runs.driver import Driver
 from streams.security import CurveKeys
 from tests.integration.topology import small_config
 
@@ -49,7 +49,7 @@ def main(model_dir: str, work_dir: str) -> None:
                                     "run.log_every_s": 0.5, "ray.host": "node", "ray.curve_dir": str(keys),
                                     # the weights cross nodes as they would cross machines: in chunks over ZeroMQ
                                     "rollout.args.weights_shared_memory": False, **placement})
-        run, last = Run(cfg), {}
+        run, last = Driver(cfg), {}
         snapshot = run.metrics.snapshot
 
         def keep_stats(stats: dict, evaluation=None):  # every actor's statistics, as the run last saw them

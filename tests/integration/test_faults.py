@@ -45,7 +45,7 @@ def test_every_kind_killed_is_restarted_and_no_episode_is_lost_or_trained_twice(
     assert not summary["interrupted"] and summary["restarts"] == dict.fromkeys(VICTIMS, 1)
     assert summary["final_version"] >= 12 and summary["final_nonloss"] is not None
     assert [(e["from"], e["to"]) for e in summary["scale_events"]] == [(2, 3), (3, 1)]
-    assert run.top.rollouts == ["rollout-0"]
+    assert run.top.groups["main"].rollouts == ["rollout-0"]
     run = tmp_path / "test"
     accounts = account_episodes(run, summary["life"], checkpoint_cursor(run / "policy", summary["life"]))
     assert accounts["lost"] == 0 and accounts["duplicated"] == 0, accounts

@@ -6,7 +6,7 @@ pytest.importorskip("gem")
 
 import envs  # noqa: E402
 from actors.host import LocalCluster  # noqa: E402
-from actors.launcher import build_topology  # noqa: E402
+from actors.topology import build_topology  # noqa: E402
 from streams.schema import Columns  # noqa: E402
 from tests.integration.test_env_actor import run_episodes  # noqa: E402
 from tests.integration.test_local_topology import wait_for  # noqa: E402

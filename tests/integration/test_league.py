@@ -72,7 +72,7 @@ def test_a_killed_three_player_league_resumes_with_its_ratings(tiny_model_dir, t
     assert final["resets"][:len(killed["resets"])] == killed["resets"]
     assert final["next_match"] > killed["next_match"]
     summary = json.loads((run / "summary.json").read_text())
-    assert {e["tag"] for e in summary["evaluations"]} == {"resume-main-random", "final-main-random"}
+    assert {e["tag"] for e in summary["evaluations"]} == {"start-main-random", "resume-main-random", "final-main-random"}
 
     table = subprocess.run([sys.executable, "-m", "actors.cli", "league", "table", str(run)], capture_output=True,
                            text=True, timeout=120)
@@ -86,13 +86,13 @@ def test_a_killed_three_player_league_resumes_with_its_ratings(tiny_model_dir, t
 def dice_league_on_ray(tiny_model_dir, tmp_path, players: int, max_matches: int, kill: tuple[str, ...] = (),
                        ray=None) -> dict:
     """A Liar's Dice league of ``players`` seats on the session's Ray, a main agent and a main exploiter (reset
-    after every snapshot), run to ``max_matches`` rated matches through ``LeagueRun`` itself. The actors named in
+    after every snapshot), run to ``max_matches`` rated matches through the driver itself. The actors named in
     ``kill`` are SIGKILLed one after another: the first once the learners have checkpointed and a share of the
     matches is played, each next one once the last is restarted and another share is played."""
     import threading
 
     from actors.cli import load_config
-    from actors.runs.league_steward import LeagueRun
+    from actors.runs.driver import Driver
 
     cfg = load_config([f"model.path={tiny_model_dir}", f"run.dir={tmp_path}", f"run.name=dice{players}",
                        "run.minutes=6", f"run.max_matches={max_matches}", "run.log_every_s=0.5", "env=liars_dice",
@@ -103,14 +103,15 @@ def dice_league_on_ray(tiny_model_dir, tmp_path, players: int, max_matches: int,
                        "eval.opponents=[random]", "eval.games_per_seat=1", "eval.endpoint_games_per_seat=1",
                        "eval.every_s=0", "learner.checkpoint_every=2", "league.args.snapshot_every_versions=2",
                        "league.args.snapshot_win_rate=null", "sampling.max_new_tokens=8"], "league")
-    outcome, run = {}, LeagueRun(cfg)
+    outcome, run = {}, Driver(cfg)
     runner = threading.Thread(target=lambda: outcome.setdefault("summary", run.execute()))
     runner.start()
     try:
         for k, name in enumerate(kill):
             def ready():
                 assert runner.is_alive(), "the league ended early"
-                return (run.league_matches >= max_matches * (k + 1) // (len(kill) + 2)  # the driver's last tick
+                played = run.steward.matches if run.steward is not None else 0  # at the driver's last tick
+                return (played >= max_matches * (k + 1) // (len(kill) + 2)
                         and all(find_checkpoint(run.dir / "members" / m / "policy") for m in ("main", "exploiter"))
                         and all(run.restarts.get(earlier) for earlier in kill[:k]))
 

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from actors.host import LocalCluster
-from actors.launcher import build_topology
+from actors.topology import build_topology
 from actors.runs.monitor import MetricsLog
 from tests.integration.topology import small_config
 
@@ -30,7 +30,7 @@ def test_episodes_flow_and_rollouts_generate_with_new_weights(transport, tiny_mo
         top = build_topology(cluster, cfg, tiny_model_dir, tmp_path)
         cluster.call(top.envs[0], "set_training", True)
         wait_for(lambda: cluster.statistics("learner")["version"] >= 3, "three learner updates")
-        wait_for(lambda: cluster.statistics(top.rollouts[0])["version"] >= 2, "the rollout to load new weights")
+        wait_for(lambda: cluster.statistics(top.groups["main"].rollouts[0])["version"] >= 2, "the rollout to load new weights")
         learner = cluster.statistics("learner")
         assert learner["episodes"] >= 3 * 8 and learner["tokens"] > 0
         # tokens generated after an update carry the new version, and the learner trains on them
@@ -38,7 +38,7 @@ def test_episodes_flow_and_rollouts_generate_with_new_weights(transport, tiny_mo
                  "a batch generated with updated weights")
         env = cluster.statistics(top.envs[0])
         assert env["episodes"] >= learner["episodes"]
-        lr, last = cfg["learner"]["args"]["lr"], cluster.statistics("learner")["last"]
+        lr, last = cfg.learner.args.lr, cluster.statistics("learner")["last"]
         assert last["lr"] == pytest.approx(lr * (1 - 0.9 * (last["version"] - 1) / 10), rel=0.01)
         assert all(cluster.statistics(name)["dropped_frames"] == 0 for name in top.names())
         row = MetricsLog(tmp_path).snapshot({name: cluster.statistics(name) for name in top.names()})

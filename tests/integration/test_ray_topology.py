@@ -3,7 +3,8 @@
 import pytest
 import zmq
 
-from actors.launcher import RayCluster, build_topology
+from actors.launcher import RayCluster
+from actors.topology import build_topology
 from streams.wire import FrameCounter, Kind, LinkType, encode_link
 from tests.integration.test_local_topology import wait_for
 from tests.integration.topology import small_config
@@ -18,11 +19,11 @@ def test_real_topology_learns_from_its_own_episodes(ray_session, tiny_model_dir,
         top = build_topology(cluster, cfg, tiny_model_dir, tmp_path)
         cluster.call(top.envs[0], "set_training", True)
         wait_for(lambda: cluster.statistics("learner")["version"] >= 3, "three learner updates")
-        for rollout in top.rollouts:
+        for rollout in top.groups["main"].rollouts:
             wait_for(lambda: cluster.statistics(rollout)["version"] >= 1, f"{rollout} to load published weights")
         wait_for(lambda: cluster.statistics("learner")["last"]["token_version_max"] >= 1,
                  "a batch generated with updated weights")
-        assert all(cluster.statistics(r)["requests"] > 0 for r in top.rollouts), "requests are spread over rollouts"
+        assert all(cluster.statistics(r)["requests"] > 0 for r in top.groups["main"].rollouts), "requests are spread over rollouts"
         learner = cluster.statistics("learner")
         assert learner["episodes"] >= 3 * 8 and cluster.statistics("replay")["episodes_in"] >= learner["episodes"]
     finally:
@@ -32,7 +33,7 @@ def test_real_topology_learns_from_its_own_episodes(ray_session, tiny_model_dir,
 def test_malformed_frames_are_dropped_and_counted(ray_session, tiny_model_dir, tmp_path):
     cluster = RayCluster()
     try:
-        from actors.launcher import RewardActor, RewardConfig
+        from actors.reward import RewardActor, RewardConfig
 
         replay_inbox = zmq.Context.instance().socket(zmq.PULL)
         port = replay_inbox.bind_to_random_port("tcp://127.0.0.1")

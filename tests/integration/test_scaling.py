@@ -11,7 +11,7 @@ import pytest
 from actors.runs.control import send_scale
 from actors.learner import checkpoint_cursor
 from actors.runs.monitor import episodes_per_s
-from actors.runs.driver import Run
+from actors.runs.driver import Driver
 from actors.spill import account_episodes
 from tests.integration.test_local_topology import wait_for
 from tests.integration.topology import BackgroundRun, small_config
@@ -28,7 +28,7 @@ def test_autoscaling_adds_a_rollout_actor_and_raises_episodes_per_s_on_a_latency
         "rollout.count": 1, "rollout.args.latency_s": 0.25, "rollout.args.max_batch": 2,
         "rollout.autoscale.enabled": True, "rollout.autoscale.max_actors": 2, "rollout.autoscale.queue_high": 2,
         "rollout.autoscale.patience": 8, "rollout.autoscale.idle_above": 0.95})
-    run = Run(cfg)
+    run = Driver(cfg)
     summary = run.execute()
     events = summary["scale_events"]
     assert [(e["from"], e["to"]) for e in events] == [(1, 2)] and "applied" in events[0], events
@@ -97,3 +97,35 @@ def test_the_run_goes_on_while_leaving_env_actors_finish_their_episodes(ray_sess
     assert event["applied"] - event["time"] > 1.0 and len(during) >= 3, (event, len(during))
     assert {r["env_actors"] for r in during} == {2}  # the leaving one still counted until it was stopped
     assert background.rows()[-1]["env_actors"] == 1 and run.top.envs == ["env-0"]
+
+
+def test_a_league_members_rollout_actors_scale_by_command(ray_session, tiny_model_dir, tmp_path):
+    """One driver for both run kinds: ``tidal scale rollout-<member>=N`` reaches a league run too, and the joining
+    rollout actor serves that member's requests (and only that member's group grows)."""
+    from actors.cli import load_config
+
+    cfg = load_config([f"model.path={tiny_model_dir}", f"run.dir={tmp_path}", "run.name=test", "run.minutes=3",
+                       "run.log_every_s=0.5", "league.members=[{id: main, role: main}, {id: rival, role: main}]",
+                       "replay.args.batch_episodes=8", "replay.args.capacity_episodes=16", "env.args.concurrency=8",
+                       "eval.opponents=[random]", "eval.games_per_seat=1", "eval.endpoint_games_per_seat=1",
+                       "eval.every_s=0", "sampling.max_new_tokens=4"], "league")
+    background = BackgroundRun(cfg)
+    run = background.run
+    try:
+        wait_for(lambda: background.last_row({}).get("matches", 0) > 0, "the league to play its first matches")
+        with pytest.raises(ValueError, match="cannot scale 'rollout-nobody'"):
+            run.scale("rollout-nobody", 2)
+        with pytest.raises(ValueError, match="a league's env actors cannot be scaled"):
+            run.scale("env", 2)
+        answer = send_scale(run.dir, "rollout-rival", 2)
+        assert answer.ok and answer.actors == 1, answer
+        wait_for(lambda: run.top.groups["rival"].rollouts == ["rollout-rival-0", "rollout-rival-1"],
+                 "the rival's second rollout actor to join")
+        wait_for(lambda: run.cluster.statistics("rollout-rival-1")["requests"] > 0, "it to serve the rival's moves")
+        assert run.top.groups["main"].rollouts == ["rollout-main-0"]
+        assert run.cluster.specs["rollout-rival-1"][1].policy_id == "rival"  # its config: the rival's weights
+    finally:
+        run.stop()
+    summary = background.join(timeout=300)
+    assert summary is not None and not summary["interrupted"]
+    assert [(e["kind"], e["from"], e["to"]) for e in summary["scale_events"]] == [("rollout-rival", 1, 2)]

@@ -14,12 +14,12 @@ def small_config(run_dir, **overrides) -> dict:
 
 
 class BackgroundRun:
-    """``Run(cfg)`` executing in a thread, for tests that act on a run while it goes on."""
+    """``Driver(cfg)`` executing in a thread, for tests that act on a run while it goes on."""
 
     def __init__(self, cfg: dict):
-        from actors.runs.driver import Run
+        from actors.runs.driver import Driver
 
-        self.run, self.outcome = Run(cfg), {}
+        self.run, self.outcome = Driver(cfg), {}
         self.thread = threading.Thread(target=lambda: self.outcome.setdefault("summary", self.run.execute()))
         self.thread.start()
 

@@ -345,39 +345,50 @@ def test_a_league_run_restarts_every_kind_of_actor(tmp_path):
     import json
 
     from actors.cli import load_config
-    from actors.launcher import LeagueTopology, Topology
     from actors.league import STATE_FILE
-    from actors.runs.league_steward import LeagueRun
+    from actors.runs.driver import Driver
+    from actors.runs.evaluations import Evaluations
+    from actors.runs.league_steward import LeagueSteward
     from actors.runs.recovery import GroupRecovery
+    from actors.topology import plan_groups, Topology
 
-    run = LeagueRun(load_config([f"run.dir={tmp_path}", "run.name=l"], "league"))
-    cluster, top = FakeCluster(), LeagueTopology(envs=["env-0"])
-    top.members["main"] = Topology("learner-main", "replay-main", "reward-main", rollouts=["rollout-main-0"])
-    run.cluster, run.top, run.asked = cluster, top, {"main": False}
-    run.groups = {"main": GroupRecovery(cluster, top.members["main"], top.envs, tmp_path / "l" / "members" / "main")}
-    assert run._recover("rollout-main-0", RuntimeError())["name"] == "rollout-main-0"
+    cfg = load_config([f"run.dir={tmp_path}", "run.name=l", "league.members=[{id: main, role: main}]"], "league")
+    run = Driver(cfg)
+    cluster = FakeCluster()
+    top = Topology(plan_groups(cfg, "base", run.dir), envs=["env-0"], league="league",
+                   snapshots=str(run.dir / "league" / "snapshots"))
+    group = top.groups["main"]
+    group.rollouts.append("rollout-main-0")
+    run.cluster, run.top = cluster, top
+    run.steward = LeagueSteward(cluster, top, run.dir)
+    run.steward.asked = {"main": False}
+    run.recoveries = {"main": GroupRecovery(cluster, group, top.envs)}
+    run.evaluations = Evaluations(cluster, top.envs, cfg.eval, ["main"], [])
+    assert (group.learner, group.policy_dir) == ("learner-main", run.dir / "members" / "main" / "policy")
+    assert run.recover("rollout-main-0", RuntimeError())["name"] == "rollout-main-0"
     assert ("env-0", "reissue") in cluster.calls  # its unanswered requests are sent again
-    run._recover("learner-main", RuntimeError())  # no checkpoint yet: from the base model; replay rewinds
+    run.recover("learner-main", RuntimeError())  # no checkpoint yet: from the base model; replay rewinds
     assert cluster.restarted[-1] == ("learner-main", {"resume": False})
     assert ("replay-main", "rewind", 5) in cluster.calls
     assert ("learner-main", "snapshot", str(run.dir / "league" / "snapshots"), False) in cluster.calls  # asked again
 
     run.training = True  # an env actor: admission per member counts what it delivered; it trains at once
-    run._recover("env-0", RuntimeError())
+    run.recover("env-0", RuntimeError())
     assert cluster.restarted[-1] == ("env-0", {"incarnation": 1, "started_before": {"main": 7}})
     assert ("env-0", "set_training", True) in cluster.calls
 
-    run._recover("league", RuntimeError())  # died before its first save: a fresh league
+    run.recover("league", RuntimeError())  # died before its first save: a fresh league
     assert cluster.restarted[-1] == ("league", {"resume": False})
     (run.dir / "league").mkdir(parents=True)
     (run.dir / "league" / STATE_FILE).write_text(json.dumps(
         {"stats": {"matches": 10}, "snapshots": {"main-v2": {}}, "evaluations": [{"tag": "start-main-random"}]}))
-    run.evaluations = [{"tag": "start-main-random"}, {"tag": "during-1-main-random"}]
-    run.league_matches, run.registered, cluster.calls = 14, {"main-v2", "main-v4"}, []
-    run._recover("league", RuntimeError())  # from its saved state (and journal): 10 of 14 results came back
+    steward = run.steward
+    steward.evaluations = [{"tag": "start-main-random"}, {"tag": "during-1-main-random"}]
+    steward.matches, steward.registered, cluster.calls = 14, {"main-v2", "main-v4"}, []
+    run.recover("league", RuntimeError())  # from its saved state (and journal): 10 of 14 results came back
     assert cluster.restarted[-1] == ("league", {"resume": True})
-    assert run.league_results_lost == 4 and run.league_matches == 10
-    assert run.registered == {"main-v2"}  # main-v4 is registered again at the next tick
+    assert steward.results_lost == 4 and steward.matches == 10
+    assert steward.registered == {"main-v2"}  # main-v4 is registered again at the next tick
     assert cluster.calls == [("league", "expect_snapshots", {"main": False}),
                              ("league", "record_evaluation", {"tag": "during-1-main-random"}),
                              ("env-0", "reissue_match_request")]
@@ -386,8 +397,8 @@ def test_a_league_run_restarts_every_kind_of_actor(tmp_path):
 
 def test_a_league_run_with_restarts_off_ends_saying_how_to_resume(tmp_path):
     from actors.cli import load_config
-    from actors.runs.league_steward import LeagueRun
+    from actors.runs.driver import Driver
 
-    run = LeagueRun(load_config([f"run.dir={tmp_path}", "run.name=l", "run.restart=false"], "league"))
+    run = Driver(load_config([f"run.dir={tmp_path}", "run.name=l", "run.restart=false"], "league"))
     with pytest.raises(RuntimeError, match="the league actor died .*run.restart is off.*`tidal league run resume="):
-        run._recover("league", RuntimeError())
+        run.recover("league", RuntimeError())

@@ -8,7 +8,7 @@ from actors.launcher import actor_kind, check_resources
 
 def test_resources_are_read_per_actor_kind_from_the_config():
     cfg = load_config(["+ray.resources.rollout={GPU: 1}", "+ray.resources.learner={trainer: 0.5}"])
-    assert check_resources(cfg["ray"]["resources"]) == {"rollout": {"GPU": 1}, "learner": {"trainer": 0.5}}
+    assert check_resources(cfg.ray.resources) == {"rollout": {"GPU": 1}, "learner": {"trainer": 0.5}}
     assert [actor_kind(n) for n in ("rollout-3", "learner-m", "env-0", "replay")] == [
         "rollout", "learner", "env", "replay"]
 

@@ -6,6 +6,7 @@ import pytest
 import trio
 
 from actors.cli import load_config
+from actors.config import built_args
 from actors.rollout import RolloutConfig
 from actors.engines.vllm_engine import AsyncioThread, VllmOptions
 
@@ -60,9 +61,9 @@ def test_an_error_on_the_asyncio_side_reaches_the_trio_task(bridge):
 
 def test_the_backend_is_chosen_in_the_rollout_config():
     cfg = load_config(["rollout.backend=vllm", "rollout.args.vllm.kv_cache_gib=2"])
-    rollout = RolloutConfig(model_path="m", backend=cfg["rollout"]["backend"], **cfg["rollout"]["args"])
+    rollout = RolloutConfig(model_path="m", backend=cfg.rollout.backend, **built_args(cfg.rollout.args))
     assert rollout.backend == "vllm" and rollout.vllm == VllmOptions(kv_cache_gib=2)
-    assert load_config([])["rollout"]["backend"] == "hf"
+    assert load_config([]).rollout.backend == "hf"
     with pytest.raises(ValueError, match="unknown rollout backend 'sglang'"):
         RolloutConfig(model_path="m", backend="sglang")
     with pytest.raises(ValueError, match="latency_s must be >= 0"):
