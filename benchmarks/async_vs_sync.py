@@ -54,7 +54,7 @@ TASK = [
     # The warm-up plays the task on a mock clock, so tool latencies do not change its demonstrations: it keeps
     # the arguments the cached base model was made with (a new latency would only rebuild the same model).
     "model.tiny.warmup_env=tool_latency",
-    "model.tiny.warmup_env_args={lookups:1,max_turns:6,latency_median_s:0.1,latency_sigma:1.5,latency_max_s:10,"
+    "++model.tiny.warmup_env_args={lookups:1,max_turns:6,latency_median_s:0.1,latency_sigma:1.5,latency_max_s:10,"
     "min_new_tokens:6,max_new_tokens:16}",
 ]
 

@@ -80,7 +80,7 @@ def drive(run: Driver, events, rng: random.Random, runner: threading.Thread) -> 
         # one thing at a time: the last restart and the last scale are done
         wait_for(lambda: run.metrics.restarts == len(kills), "the last restart")
         asked = sum(1 for e in events[:events.index((at, what, arg))] if e[1] == "scale")
-        wait_for(lambda: len(run.scale_events) == asked and all("applied" in e for e in run.scale_events),
+        wait_for(lambda: len(run.scaler.events) == asked and all("applied" in e for e in run.scaler.events),
                  "the last scale")
         if what == "scale":
             run.scale(*arg)

@@ -68,9 +68,9 @@ def drive(run: Driver, kind: str, counts: list[int], phase_s: float, runner: thr
             return
         answer = send_scale(run.dir, kind, count)
         assert answer.ok, answer.message
-        while "applied" not in (run.scale_events[-1] if run.scale_events else {}) and runner.is_alive():
+        while "applied" not in (run.scaler.events[-1] if run.scaler.events else {}) and runner.is_alive():
             time.sleep(0.1)  # the joining actors are starting (loading a model takes seconds)
-        since = run.scale_events[-1].get("applied", time.time())
+        since = run.scaler.events[-1].get("applied", time.time())
 
 
 def phase_rates(rows: list[dict], started: float, events: list[dict], counts: list[int]) -> list[float | None]:

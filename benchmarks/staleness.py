@@ -30,7 +30,7 @@ from actors.cli import load_config
 from actors.cli import launch
 
 LOSSES = {"decoupled": "decoupled_ppo", "naive": "ppo"}
-# The settings its README table was measured with (the default job's until 2026-11-25): games against random,
+# The settings its table in benchmarks/RESULTS.md was measured with (the default job's until 2026-11-25): games against random,
 # the 2 x 128 base model warmed up on random moves, RAE's baseline per seat.
 MEASURED_WITH = ["env.args.opponent=random", "learner.args.objective.advantage=rae", "model.tiny.layers=2",
                  "model.tiny.hidden_size=128", "model.tiny.heads=4", "model.tiny.intermediate_size=256",

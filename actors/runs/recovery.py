@@ -2,7 +2,7 @@
 
 A single-policy run has one such group; a league has one per learning member (the env actors and the league
 are shared: ``restart_env`` serves both kinds of run, and a league run restarts its league). Each actor comes back
-at its old addresses (``cluster.restart``), and nothing is lost or counted twice (README, "Faults and scaling"):
+at its old addresses (``cluster.restart``), and nothing is lost or counted twice (docs/faults-and-scaling.md):
 
 - a rollout actor: the env actors send again every request still unanswered (which only it knew);
 - a reward actor: the env actors send again what it had not acknowledged;

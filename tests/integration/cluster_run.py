@@ -52,9 +52,9 @@ def main(model_dir: str, work_dir: str) -> None:
         run, last = Driver(cfg), {}
         snapshot = run.metrics.snapshot
 
-        def keep_stats(stats: dict, evaluation=None):  # every actor's statistics, as the run last saw them
+        def keep_stats(stats: dict, *args, **kwargs):  # every actor's statistics, as the run last saw them
             last.update(stats)
-            return snapshot(stats, evaluation)
+            return snapshot(stats, *args, **kwargs)
 
         run.metrics.snapshot = keep_stats
         summary = run.execute()

@@ -18,7 +18,7 @@ def vllm_installed() -> bool:
 
 
 @pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.skipif(
-    not vllm_installed(), reason="the vllm extra is not installed (README, 'Generation backends')"))])
+    not vllm_installed(), reason="the vllm extra is not installed (docs/backends.md)"))])
 def test_tidal_launch_end_to_end(backend, tiny_model_dir, tmp_path):
     args = [f"model.path={tiny_model_dir}", f"run.dir={tmp_path}", "run.name=smoke", "run.minutes=0.5",
             "run.max_versions=3", "run.log_every_s=1", "replay.args.batch_episodes=8",

@@ -58,7 +58,7 @@ def test_env_actors_scaled_2_to_3_to_1_keep_eta_0_on_policy_and_lose_nothing(ray
         for step, count in enumerate([3, 1]):
             answer = send_scale(run.dir, "env", count)  # as `tidal scale env=N` does
             assert answer.ok, answer.message
-            wait_for(lambda: len(run.scale_events) > step and "applied" in run.scale_events[step], "the scale",
+            wait_for(lambda: len(run.scaler.events) > step and "applied" in run.scaler.events[step], "the scale",
                      timeout=240)
             applied_at = version()
             wait_for(lambda: version() >= applied_at + 3, "training to go on after the scale", timeout=240)
@@ -88,7 +88,7 @@ def test_the_run_goes_on_while_leaving_env_actors_finish_their_episodes(ray_sess
     try:
         wait_for(lambda: background.last_row({"version": 0})["version"] >= 1, "training", timeout=240)
         assert send_scale(run.dir, "env", 1).ok
-        wait_for(lambda: run.scale_events and "applied" in run.scale_events[0], "the scale", timeout=240)
+        wait_for(lambda: run.scaler.events and "applied" in run.scaler.events[0], "the scale", timeout=240)
     finally:
         run.stop()
         summary = background.join(timeout=400)

@@ -12,7 +12,7 @@ import torch
 import trio
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-pytest.importorskip("vllm", reason="the vllm extra is not installed (README, 'Generation backends')")
+pytest.importorskip("vllm", reason="the vllm extra is not installed (docs/backends.md)")
 
 from streams.endpoints import Inbox, Outbox  # noqa: E402
 from actors.host import _LoopThread  # noqa: E402
