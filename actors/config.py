@@ -27,7 +27,6 @@ from actors.learner import LearnerConfig
 from actors.replay import ReplayConfig
 from actors.reward import RewardConfig
 from actors.rollout import RolloutConfig
-from actors.runs.autoscale import AutoscaleConfig
 
 # Fields of the actors' configs that the topology builder fills in: not settable under ``<group>.args``.
 BUILT = {
@@ -131,6 +130,24 @@ class SamplingSection:
 class EnvGroup:
     count: int = 1  # env actors
     args: EnvArgs = field(default_factory=EnvArgs)
+
+
+@dataclass
+class AutoscaleConfig:
+    """``rollout.autoscale``: add rollout actors while requests queue up, remove them while idle (run.mode=ray)."""
+
+    enabled: bool = False
+    min_actors: int = 1
+    max_actors: int = 4
+    queue_high: float = 32.0  # requests waiting per rollout actor that count as "behind"
+    idle_above: float = 0.5  # mean idle fraction of the rollout actors that counts as "idle"
+    patience: int = 3  # snapshots in a row before a step
+
+    def __post_init__(self):
+        if not 1 <= self.min_actors <= self.max_actors:
+            raise ValueError(f"autoscale needs 1 <= min_actors <= max_actors, not {self.min_actors}, {self.max_actors}")
+        if self.patience < 1:
+            raise ValueError(f"autoscale patience must be >= 1, not {self.patience}")
 
 
 @dataclass

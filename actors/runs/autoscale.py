@@ -4,28 +4,13 @@ Ray's autoscaler supplies machines on a cluster; tidal only decides how many rol
 Add one while the requests waiting at the rollout actors stayed above ``queue_high`` per actor for ``patience``
 snapshots in a row; remove one while the rollout actors stayed idle more than ``idle_above`` of the time (their
 mean idle fraction) for as long; always within [``min_actors``, ``max_actors``]. One step at a time, and after a
-step the history starts again, so each decision sees the effect of the last.
+step the history starts again, so each decision sees the effect of the last. Its settings are
+``rollout.autoscale`` (``config.AutoscaleConfig``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass
-class AutoscaleConfig:
-    enabled: bool = False
-    min_actors: int = 1
-    max_actors: int = 4
-    queue_high: float = 32.0  # requests waiting per rollout actor that count as "behind"
-    idle_above: float = 0.5  # mean idle fraction of the rollout actors that counts as "idle"
-    patience: int = 3  # snapshots in a row before a step
-
-    def __post_init__(self):
-        if not 1 <= self.min_actors <= self.max_actors:
-            raise ValueError(f"autoscale needs 1 <= min_actors <= max_actors, not {self.min_actors}, {self.max_actors}")
-        if self.patience < 1:
-            raise ValueError(f"autoscale patience must be >= 1, not {self.patience}")
+from actors.config import AutoscaleConfig
 
 
 def autoscale_target(cfg: AutoscaleConfig, actors: int, history: list[tuple[int, float]]) -> int:

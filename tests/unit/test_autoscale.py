@@ -2,7 +2,8 @@
 
 import pytest
 
-from actors.runs.autoscale import AutoscaleConfig, autoscale_target
+from actors.config import AutoscaleConfig
+from actors.runs.autoscale import autoscale_target
 
 CFG = AutoscaleConfig(enabled=True, min_actors=1, max_actors=3, queue_high=10, idle_above=0.5, patience=3)
 
