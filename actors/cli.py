@@ -24,7 +24,8 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 def load_config(overrides: list[str], name: str = "launch") -> RunConfig:
     """Compose ``configs/<name>.yaml`` with Hydra overrides onto the typed schema (``actors/config.py``): a bad
-    override, an unknown key or a value of the wrong type fails here, with Hydra's message naming it.
+    override, an unknown key or a value of the wrong type fails here, with Hydra's message naming it, and so does
+    a contradictory config (``config.check``).
 
     ``resume=<run dir>`` continues that run instead: its own ``config.json``, with the other overrides
     (plain ``key=value``, e.g. ``run.minutes=5``) applied on top.
@@ -41,12 +42,13 @@ def load_config(overrides: list[str], name: str = "launch") -> RunConfig:
 
 
 def typed(composed) -> RunConfig:
-    """The composed config as ``RunConfig``; a key the schema does not know (Hydra's ``+key=value`` adds one
-    even to a typed node) fails, named."""
+    """The composed config as ``RunConfig``, checked (``config.check``); a key the schema does not know
+    (Hydra's ``+key=value`` adds one even to a typed node) fails, named."""
     cfg = OmegaConf.to_object(composed)
     unknown = config.unknown_keys(OmegaConf.to_container(composed, resolve=True), dataclasses.asdict(cfg))
     if unknown:
         raise ValueError(f"unknown config keys: {', '.join(unknown)}")
+    config.check(cfg)
     return cfg
 
 
@@ -127,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         cfg = load_config(args.overrides, "league" if args.command == "league" else "launch")
-        config.check(cfg)
     except Exception as error:  # Hydra's errors (and check's) name the bad key or value
         print(f"tidal: bad config: {error}", file=sys.stderr)
         return 2
@@ -145,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
 def launch(cfg: RunConfig) -> dict:
     """Run the job ``cfg`` describes (a single policy or a league: one driver); returns (and writes) its
     summary. Ctrl-C ends it cleanly."""
-    config.check(cfg)
     return Driver(cfg).execute()
 
 

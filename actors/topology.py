@@ -40,7 +40,9 @@ class Group:
     replay: str
     reward: str
     policy_dir: Path  # the learner's checkpoints
+    spill_dir: Path  # replay's spill, a folder per life of the run
     model_path: str  # the member's starting model
+    suffix: str = ""  # of its actors' names: "" in a single run, "-<member>" in a league
     rollouts: list[str] = field(default_factory=list)
     requests: dict[str, str] = field(default_factory=dict)  # rollout actor -> where it takes requests
     weights: str = ""  # the learner's publisher: versions and weight manifests
@@ -54,8 +56,8 @@ class Group:
     def owns(self, name: str) -> bool:
         return name in self.names()
 
-    def rollout_name(self, i: int, solo: bool) -> str:
-        return f"rollout-{i}" if solo else f"rollout-{self.member}-{i}"
+    def rollout_name(self, i: int) -> str:
+        return f"rollout{self.suffix}-{i}"
 
 
 @dataclass
@@ -74,11 +76,6 @@ class Topology:
         league = [self.league] if self.league else []
         return [*league, *(n for group in self.groups.values() for n in group.names()), *self.envs]
 
-    @property
-    def solo(self) -> bool:
-        """One member and no league: the actors keep their plain names."""
-        return self.league is None and len(self.groups) == 1
-
     def group_of(self, name: str) -> Group | None:
         return next((g for g in self.groups.values() if g.owns(name)), None)
 
@@ -92,12 +89,15 @@ def policy_dir(cfg: RunConfig, member: str) -> str:
 
 
 def plan_groups(cfg: RunConfig, model_path: str, run_dir: Path) -> dict[str, Group]:
+    """Each member's group, named: a single run's plainly (``learner``, ``replay/<life>``), a league's apart
+    (``learner-<member>``, ``replay/<member>/<life>``)."""
     groups = {}
     for k, member in enumerate(cfg.members()):
         suffix = "" if cfg.league is None else f"-{member.id}"
         groups[member.id] = Group(member.id, k, f"learner{suffix}", f"replay{suffix}", f"reward{suffix}",
                                   policy_dir=run_dir / policy_dir(cfg, member.id),
-                                  model_path=str(member.model or model_path))
+                                  spill_dir=run_dir / "replay" / member.id if suffix else run_dir / "replay",
+                                  model_path=str(member.model or model_path), suffix=suffix)
     return groups
 
 
@@ -116,7 +116,7 @@ def build_topology(cluster, cfg: RunConfig, model_path: str | Path, run_dir: Pat
         Path(top.ledger).mkdir(parents=True, exist_ok=True)
     groups = list(top.groups.values())
     learners = cluster.spawn_many([(g.learner, LearnerActor, learner_config(cfg, g, top.life), {}) for g in groups])
-    replays = cluster.spawn_many([(g.replay, ReplayActor, replay_config(cfg, g, run_dir, top),
+    replays = cluster.spawn_many([(g.replay, ReplayActor, replay_config(cfg, g, top.life),
                                    {"learner": [learner["batches"]]}) for g, learner in zip(groups, learners)])
     rewards = cluster.spawn_many([(g.reward, RewardActor, RewardConfig(**built_args(cfg.reward.args)),
                                    {"replay": [replay["episodes"]]}) for g, replay in zip(groups, replays)])
@@ -136,10 +136,8 @@ def learner_config(cfg: RunConfig, group: Group, life: str) -> LearnerConfig:
         seed=cfg.run.seed + MEMBER_SEED_STRIDE * group.index, **run_budget(cfg), **built_args(cfg.learner.args))
 
 
-def replay_config(cfg: RunConfig, group: Group, run_dir: Path, top: Topology) -> ReplayConfig:
-    spill = None
-    if cfg.replay.spill:  # a restarted replay loses nothing
-        spill = str(run_dir / "replay" / top.life) if top.solo else str(run_dir / "replay" / group.member / top.life)
+def replay_config(cfg: RunConfig, group: Group, life: str) -> ReplayConfig:
+    spill = str(group.spill_dir / life) if cfg.replay.spill else None  # with it a restarted replay loses nothing
     return ReplayConfig(spill_dir=spill, **built_args(cfg.replay.args))
 
 
@@ -152,7 +150,7 @@ def spawn_rollouts(cluster, cfg: RunConfig, top: Topology, joining: dict[str, in
         group = top.groups[member]
         start = max(group.rollouts_made, len(group.rollouts))
         group.rollouts_made = start + count
-        actors += [(group, group.rollout_name(i, top.solo), RolloutConfig(
+        actors += [(group, group.rollout_name(i), RolloutConfig(
             model_path=group.model_path, policy_id=member, backend=cfg.rollout.backend,
             seed=cfg.run.seed + MEMBER_SEED_STRIDE * group.index + i, snapshot_dir=top.snapshots,
             **built_args(cfg.rollout.args))) for i in range(start, group.rollouts_made)]
@@ -168,10 +166,6 @@ def spawn_envs(cluster, cfg: RunConfig, top: Topology, actors: list[tuple[str, i
     group (at the start, or joining a run: they start training only when told, once the driver gave them their
     share of the admission allowance). Returns their names."""
     groups = top.groups.values()
-    peers = {"rollout": {g.member: [g.requests[r] for r in g.rollouts] for g in groups},
-             "reward": {g.member: [g.episodes] for g in groups}, "versions": [g.weights for g in groups]}
-    if top.league_addresses is not None:
-        peers["league"] = top.league_addresses
     first = next(iter(top.groups))
     cluster.spawn_many([(name, EnvActor, EnvConfig(
         tokenizer_path=top.tokenizer,
@@ -179,12 +173,16 @@ def spawn_envs(cluster, cfg: RunConfig, top: Topology, actors: list[tuple[str, i
         max_staleness=cfg.learner.max_staleness, batch_episodes=cfg.replay.args.batch_episodes,
         admission_slot=slot, start_versions={g.member: g.start_version for g in groups},
         seed=cfg.run.seed * 1000 + i, ledger_dir=top.ledger, **built_args(cfg.env.args)),
-        {key: _copy(value) for key, value in peers.items()}) for name, i, slot in actors])
+        env_peers(top)) for name, i, slot in actors])
     return [name for name, _, _ in actors]
 
 
-def _copy(peers):
-    """Each actor's own copy of its peers (a scale later changes one actor's, not all of theirs)."""
-    if isinstance(peers, dict):
-        return {key: list(value) if isinstance(value, list) else value for key, value in peers.items()}
-    return list(peers)
+def env_peers(top: Topology) -> dict:
+    """Whom an env actor sends to and hears from: each member's rollout actors and reward actor, every learner's
+    versions, and the league. Each actor gets its own (a scale later changes one actor's, not all of theirs)."""
+    groups = top.groups.values()
+    peers = {"rollout": {g.member: [g.requests[r] for r in g.rollouts] for g in groups},
+             "reward": {g.member: [g.episodes] for g in groups}, "versions": [g.weights for g in groups]}
+    if top.league_addresses is not None:
+        peers["league"] = top.league_addresses
+    return peers

@@ -96,7 +96,7 @@ class Driver:
             mains = [m.id for m in self.cfg.league.members if m.role == "main"] if self.cfg.league else None
             self.evaluations = Evaluations(cluster, top.envs, self.cfg.eval, mains, self.past_evaluations)
             if top.league is not None:
-                self.steward = LeagueSteward(cluster, top, self.dir)
+                self.steward = LeagueSteward(cluster, top, self.dir, self.evaluations.results)
             if self.cfg.run.mode == "ray":  # `tidal scale` reaches the run here
                 control = ControlServer(self.dir, self.scale)
             self._evaluate_now("resume" if self.resumed else "start", endpoint_games)

@@ -64,7 +64,7 @@ class Evaluations:
     def __init__(self, cluster, envs: list[str], cfg: EvalSection, mains: list[str] | None, results: list[dict]):
         """``mains``: a league's main agents (None: a single-policy run); ``results``: what a resumed run already
         measured (its ``during-`` rounds are numbered on from there)."""
-        self.cluster, self.envs, self.cfg = cluster, envs, cfg
+        self.cluster, self.envs, self.cfg, self.league = cluster, envs, cfg, mains is not None
         self.matchups = [(POLICY, cfg.opponent)] if mains is None else [(m, o) for m in mains for o in cfg.opponents]
         self.results = results
         self.open: list[Evaluation] = []  # under way: a restarted env actor plays its share again
@@ -72,9 +72,8 @@ class Evaluations:
 
     def start(self, tag: str, games_per_seat: int) -> None:
         """A round: every matchup's games, side by side."""
-        single = self.matchups == [(POLICY, self.cfg.opponent)]
         for player, opponent in self.matchups:
-            name = tag if single else f"{tag}-{player}-{opponent}"
+            name = f"{tag}-{player}-{opponent}" if self.league else tag
             self.open.append(Evaluation(self.cluster, self.envs, name, games_per_seat, opponent, player))
 
     def start_during(self) -> None:

@@ -24,11 +24,12 @@ log = logging.getLogger(__name__)
 
 
 class LeagueSteward:
-    def __init__(self, cluster, top: Topology, run_dir: Path):
-        self.cluster, self.top, self.dir = cluster, top, run_dir
+    def __init__(self, cluster, top: Topology, run_dir: Path, evaluations: list[dict]):
+        """``evaluations``: the run's evaluation results (``Evaluations.results``), recorded with the league as
+        they come (``record_evaluation``) and again after its restart."""
+        self.cluster, self.top, self.dir, self.evaluations = cluster, top, run_dir, evaluations
         self.registered: set[str] = set()
         self.asked: dict[str, bool] = {}  # member -> reset: snapshots asked for and not registered yet
-        self.evaluations: list[dict] = []  # recorded with the league (again after its restart)
         self.matches = 0  # rated matches in the league's last statistics
         self.results_lost = 0  # taken by a league that died before it saved them
 
@@ -56,7 +57,6 @@ class LeagueSteward:
                 "versions": {m: stats[group.learner]["version"] for m, group in self.top.groups.items()}}
 
     def record_evaluation(self, result: dict) -> None:
-        self.evaluations.append(result)
         self._call("record_evaluation", result)
 
     def restart_league(self) -> None:

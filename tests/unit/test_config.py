@@ -64,9 +64,9 @@ def test_one_plan_names_a_single_run_plainly_and_a_leagues_members_apart(tmp_pat
     single = plan_groups(load_config([]), "base", tmp_path)
     assert [(g.learner, g.replay, g.reward, g.policy_dir) for g in single.values()] == [
         ("learner", "replay", "reward", tmp_path / "policy")]
-    assert single["main"].rollout_name(0, solo=True) == "rollout-0"
+    assert single["main"].rollout_name(0) == "rollout-0"
     league = plan_groups(load_config(["league.members=[{id: main}, {id: x, model: /m}]"], "league"), "base", tmp_path)
     assert [(g.learner, g.index, g.model_path) for g in league.values()] == [("learner-main", 0, "base"),
                                                                               ("learner-x", 1, "/m")]
     assert league["x"].policy_dir == tmp_path / "members" / "x" / "policy"
-    assert league["x"].rollout_name(2, solo=False) == "rollout-x-2"
+    assert league["x"].rollout_name(2) == "rollout-x-2"

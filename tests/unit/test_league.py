@@ -360,10 +360,10 @@ def test_a_league_run_restarts_every_kind_of_actor(tmp_path):
     group = top.groups["main"]
     group.rollouts.append("rollout-main-0")
     run.cluster, run.top = cluster, top
-    run.steward = LeagueSteward(cluster, top, run.dir)
+    run.evaluations = Evaluations(cluster, top.envs, cfg.eval, ["main"], [])
+    run.steward = LeagueSteward(cluster, top, run.dir, run.evaluations.results)
     run.steward.asked = {"main": False}
     run.recoveries = {"main": GroupRecovery(cluster, group, top.envs)}
-    run.evaluations = Evaluations(cluster, top.envs, cfg.eval, ["main"], [])
     assert (group.learner, group.policy_dir) == ("learner-main", run.dir / "members" / "main" / "policy")
     assert run.recover("rollout-main-0", RuntimeError())["name"] == "rollout-main-0"
     assert ("env-0", "reissue") in cluster.calls  # its unanswered requests are sent again
@@ -383,7 +383,7 @@ def test_a_league_run_restarts_every_kind_of_actor(tmp_path):
     (run.dir / "league" / STATE_FILE).write_text(json.dumps(
         {"stats": {"matches": 10}, "snapshots": {"main-v2": {}}, "evaluations": [{"tag": "start-main-random"}]}))
     steward = run.steward
-    steward.evaluations = [{"tag": "start-main-random"}, {"tag": "during-1-main-random"}]
+    steward.evaluations[:] = [{"tag": "start-main-random"}, {"tag": "during-1-main-random"}]
     steward.matches, steward.registered, cluster.calls = 14, {"main-v2", "main-v4"}, []
     run.recover("league", RuntimeError())  # from its saved state (and journal): 10 of 14 results came back
     assert cluster.restarted[-1] == ("league", {"resume": True})
