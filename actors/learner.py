@@ -29,7 +29,6 @@ up), published like any update and checkpointed at once; ``statistics()["resets"
 
 from __future__ import annotations
 
-import copy
 import logging
 import shutil
 import time
@@ -40,10 +39,12 @@ from pathlib import Path
 import torch
 import trio
 
-from actors.engines.base_model import load_policy
+from actors.engines.devices import check_device, check_dtype
+from actors.engines.snapshots import snapshot_id
+from actors.microbatches import Shard
+from actors.trainer import TRAINER_STATE, Trainer, join_group, open_rendezvous
+from actors.training import Objective
 from streams.endpoints import Inbox, Outbox
-from actors.engines.snapshots import snapshot_id, write_snapshot
-from actors.training import Objective, TrainerState, collate, policy_gradient_step
 from streams.weights import WeightsPublisher, weights_to_bytes
 from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, VersionAnnounced, WeightsFetch
 from streams.schema import Columns, decode_batch
@@ -66,6 +67,11 @@ class LearnerConfig:
     max_staleness: int = 2  # eta: the oldest token a batch may hold is this many versions behind
     temperature: float = 1.0
     threads: int = 1
+    device: str = "auto"  # auto: CUDA when present, else the CPU; cpu; cuda; cuda:<i>
+    dtype: str = "auto"  # what the passes compute in (auto: bf16 on a GPU, fp32 on the CPU); parameters stay fp32
+    max_tokens_per_microbatch: int | None = None  # padded tokens (rows x longest) a pass takes; None: a minibatch
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward pass (less memory)
+    ranks: int = 1  # learner processes training the policy data-parallel (FSDP2); this actor is rank 0
     announce_every_s: float = 1.0  # re-announce the version and weights, for late joiners and missed ones
     save_dir: str | None = None  # the checkpoint: the policy and the trainer's state
     checkpoint_every: int = 0  # versions between checkpoints (0: only when the learner stops)
@@ -76,6 +82,12 @@ class LearnerConfig:
     def __post_init__(self):
         if isinstance(self.objective, dict):
             self.objective = Objective(**self.objective)
+        check_device(self.device)
+        check_dtype(self.dtype)
+        if self.ranks < 1:
+            raise ValueError(f"ranks must be >= 1, not {self.ranks}")
+        if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
+            raise ValueError(f"max_tokens_per_microbatch must be >= 1 (or null), not {self.max_tokens_per_microbatch}")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, not {self.max_staleness}")
         if self.checkpoint_every < 0:
@@ -103,8 +115,7 @@ class LearnerActor:
         self.cfg, self.name = cfg, name
         self.version = 0
         self.history: list[dict] = []  # one entry per update
-        self.reference = None  # a frozen copy of the starting policy, when kl_coef > 0
-        self.state = TrainerState()
+        self.trainer = Trainer(cfg)  # rank 0's model, optimizer and objective state (the group's, with ranks > 1)
         self._rejected_logged = (time.monotonic(), 0)  # (when, the total then): see ``_log_rejected``
         self._totals = {"batches": 0, "episodes": 0, "tokens": 0, "train_s": 0.0, "rejected_episodes": 0,
                         "rejected_turns": 0, "rejected_tokens": 0}
@@ -120,10 +131,14 @@ class LearnerActor:
         self._snapshot_roots = None  # where snapshots were asked for (a memory channel once running)
         self.snapshots: list[dict] = []  # {"id", "version", "path"} of every snapshot written
         self.resets: list[int] = []  # the versions that started again from the base model
-        self._fresh_optimizer = None  # the optimizer's state before any update: what a reset goes back to
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        model, tokenizer, optimizer = await trio.to_thread.run_sync(self._load)
+        checkpoint = self._checkpoint()
+        group = {}  # ranks > 1: where the other ranks meet this one; the model loads once they have joined
+        if self.cfg.ranks > 1:
+            store, group["rendezvous"] = await trio.to_thread.run_sync(open_rendezvous, transport.host, self.cfg.ranks)
+        else:
+            await trio.to_thread.run_sync(self._load, checkpoint)
         policy = self.cfg.policy_id.encode()
         async with (
             transport.open_receiver(capacity=1) as batches,
@@ -138,7 +153,10 @@ class LearnerActor:
             fetch_inbox = Inbox(fetches, Kind.WEIGHTS_FETCH, WeightsFetch.from_body)
             self._streams = {"batches": self._inbox, "fetch": fetch_inbox, "publisher": versions_out}
             task_status.started({"batches": batches.address, "weights": publisher.address, "fetch": fetches.address,
-                                 "version": self.version, "cursor": self.cursor})
+                                 "version": self.version, "cursor": self.cursor, **group})
+            if group:
+                await trio.to_thread.run_sync(self._load, checkpoint, store, group["rendezvous"])
+            trainer = self.trainer
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._announce, versions_out, weights)
@@ -147,9 +165,8 @@ class LearnerActor:
                     # version before the next begins (versions go out in order)
                     model_lock = trio.Lock()
                     self._snapshot_roots, roots = trio.open_memory_channel(16)
-                    nursery.start_soon(self._write_snapshots, roots, (model, tokenizer, optimizer), model_lock,
-                                       versions_out)
-                    await weights.publish(self.version, await trio.to_thread.run_sync(weights_to_bytes, model))
+                    nursery.start_soon(self._write_snapshots, roots, model_lock, versions_out)
+                    await self._publish(None)
                     while True:
                         table, seq = await self._inbox.receive()
                         if not self._in_order(seq):
@@ -160,53 +177,52 @@ class LearnerActor:
                         if table is None:
                             continue
                         async with model_lock:
-                            stats = await trio.to_thread.run_sync(self._update, model, optimizer, tokenizer, table)
-                            await self._publish(model, versions_out)
+                            stats = await trio.to_thread.run_sync(self._update, table)
+                            await self._publish(versions_out)
                             self.history.append(stats)
                             every = self.cfg.checkpoint_every
                             if self.cfg.save_dir and every and self.version % every == 0:
-                                await trio.to_thread.run_sync(self._save, model, tokenizer, optimizer)
+                                await trio.to_thread.run_sync(self._save)
             finally:
                 weights.close()
-                if self.cfg.save_dir:
-                    with trio.CancelScope(shield=True):
-                        await trio.to_thread.run_sync(self._save, model, tokenizer, optimizer)
+                with trio.CancelScope(shield=True):
+                    if self.cfg.save_dir:
+                        await trio.to_thread.run_sync(self._save)
+                    await trio.to_thread.run_sync(trainer.stop_group)
 
     def snapshot(self, root: str, reset: bool = False) -> None:
         """Ask for a frozen snapshot of the policy under ``root`` (written between two updates); with ``reset``,
         the policy then starts again from the base model."""
         self._snapshot_roots.send_nowait((root, reset))
 
-    async def _publish(self, model, versions_out: Outbox) -> None:
+    async def _publish(self, versions_out: Outbox | None) -> None:
         """The weights of ``self.version`` to the rollout actors, and the version to whoever follows it."""
-        await self._weights.publish(self.version, await trio.to_thread.run_sync(weights_to_bytes, model))
-        await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
+        weights = await trio.to_thread.run_sync(lambda: weights_to_bytes(self.trainer.full_state()))
+        await self._weights.publish(self.version, weights)
+        if versions_out is not None:
+            await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
 
-    async def _write_snapshots(self, roots, trainer: tuple, model_lock: trio.Lock, versions_out: Outbox) -> None:
-        model, tokenizer, optimizer = trainer
+    async def _write_snapshots(self, roots, model_lock: trio.Lock, versions_out: Outbox) -> None:
         async for root, reset in roots:
             async with model_lock:
                 name = snapshot_id(self.cfg.policy_id, self.version)
                 path = Path(root) / name
                 if not path.exists():  # asked twice at one version (or before a resume): the first is the snapshot
-                    await trio.to_thread.run_sync(write_snapshot, model, tokenizer, path)
+                    await trio.to_thread.run_sync(self.trainer.snapshot, path)
                     log.info("snapshot %s written to %s", name, path)
                 if all(s["id"] != name for s in self.snapshots):
                     self.snapshots.append({"id": name, "version": self.version, "path": str(path)})
                 if reset:
-                    await trio.to_thread.run_sync(self._reset, model, optimizer)
-                    await self._publish(model, versions_out)
+                    await trio.to_thread.run_sync(self._reset)
+                    await self._publish(versions_out)
                     if self.cfg.save_dir:  # a restart goes on from the reset policy, not from before it
-                        await trio.to_thread.run_sync(self._save, model, tokenizer, optimizer)
+                        await trio.to_thread.run_sync(self._save)
 
-    def _reset(self, model, optimizer) -> None:
+    def _reset(self) -> None:
         """Back to the base model (weights, optimizer, baselines) as the next version: AlphaStar's exploiter reset.
         Episodes sampled before it are older versions: the staleness bound and the off-policy correction see
         them so."""
-        base, _ = load_policy(self.cfg.model_path)
-        model.load_state_dict(base.state_dict())
-        optimizer.load_state_dict(self._fresh_optimizer)
-        self.state = TrainerState()
+        self.trainer.reset()
         self.version += 1
         self.resets.append(self.version)
         log.info("%s reset to the base model %s at version %d", self.name, self.cfg.model_path, self.version)
@@ -225,35 +241,32 @@ class LearnerActor:
         log.info("batch %d dropped: the learner consumed batch %d last", seq, self.cursor)
         return False
 
-    def _load(self):
-        torch.set_num_threads(self.cfg.threads)
-        torch.manual_seed(self.cfg.seed)
+    def _checkpoint(self) -> Path | None:
+        """The checkpoint to resume from (None: start from the base model); its bookkeeping restored."""
         checkpoint = find_checkpoint(self.cfg.save_dir) if self.cfg.resume else None
         if self.cfg.resume and checkpoint is None:
             raise FileNotFoundError(f"resume: no checkpoint in {self.cfg.save_dir} (no {TRAINER_STATE} there)")
-        model, tokenizer = load_policy(str(checkpoint or self.cfg.model_path))
-        self.reference = load_policy(self.cfg.model_path)[0] if self.cfg.objective.kl_coef > 0 else None
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, weight_decay=0.0)
-        self._fresh_optimizer = copy.deepcopy(optimizer.state_dict())
         if checkpoint is not None:
-            self._restore(torch.load(checkpoint / TRAINER_STATE, weights_only=False), optimizer)
-            log.info("resumed from %s at version %d", checkpoint, self.version)
-        return model, tokenizer, optimizer
+            self._restore(torch.load(checkpoint / TRAINER_STATE, weights_only=False))
+        return checkpoint
 
-    def _save(self, model, tokenizer, optimizer) -> None:
+    def _load(self, checkpoint: Path | None, store=None, rendezvous: str | None = None) -> None:
+        """The model and optimizer, from ``checkpoint`` or the base model (with ranks > 1: once the group met)."""
+        if rendezvous is not None:
+            self.trainer.shard = Shard(0, self.cfg.ranks)
+            join_group(self.trainer.shard, self.trainer.device, rendezvous, store)
+        self.trainer.load(checkpoint)
+        if checkpoint is not None:
+            log.info("resumed from %s at version %d", checkpoint, self.version)
+
+    def _save(self) -> None:
         """Write the policy and the trainer's state to a new directory, then swap it in for the last one."""
         final = Path(self.cfg.save_dir)
         fresh, old = final.with_name(final.name + ".new"), final.with_name(final.name + ".old")
-        shutil.rmtree(fresh, ignore_errors=True)
-        model.save_pretrained(fresh)
-        tokenizer.save_pretrained(fresh)
-        torch.save({"version": self.version, "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
-                    "resets": self.resets,
-                    "role_ids": self.state.role_ids, "baselines": self.state.baselines,
-                    "state_values": self.state.state_values, "totals": self._totals,
-                    "staleness": dict(self._staleness), "cursor": {"life": self.cfg.data_life, "seq": self.cursor},
-                    "wall_s": self._wall_s()},
-                   fresh / TRAINER_STATE)
+        self.trainer.save(fresh, {
+            "version": self.version, "rng": torch.get_rng_state(), "resets": self.resets, "totals": self._totals,
+            "staleness": dict(self._staleness), "cursor": {"life": self.cfg.data_life, "seq": self.cursor},
+            "wall_s": self._wall_s()})
         if final.exists():
             shutil.rmtree(old, ignore_errors=True)
             final.rename(old)
@@ -261,13 +274,11 @@ class LearnerActor:
         shutil.rmtree(old, ignore_errors=True)
         log.info("checkpoint: the policy at version %d in %s", self.version, final)
 
-    def _restore(self, state: dict, optimizer) -> None:
-        optimizer.load_state_dict(state["optimizer"])
+    def _restore(self, state: dict) -> None:
+        """The learner's own bookkeeping from a checkpoint's trainer state (the trainer restores the rest)."""
         torch.set_rng_state(state["rng"])
         self.version = state["version"]
         self.resets = state.get("resets", [])
-        self.state = TrainerState(role_ids=state["role_ids"], baselines=state["baselines"],
-                                  state_values=state.get("state_values"))
         self._totals.update(state["totals"])
         self._resumed_train_s = self._totals["train_s"]
         self._resumed_wall_s = state.get("wall_s", 0.0)
@@ -280,16 +291,11 @@ class LearnerActor:
         since = time.perf_counter() - self._first_batch_at if self._first_batch_at else 0.0
         return self._resumed_wall_s + since
 
-    def _update(self, model, optimizer, tokenizer, table) -> dict:
+    def _update(self, table) -> dict:
         started = time.perf_counter()
         lr = self.cfg.learning_rate(self._wall_s(), self.version)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        batch = collate(table, tokenizer.pad_token_id)
-        stats = policy_gradient_step(model, optimizer, batch, self.cfg.objective, self.state,
-                                     temperature=self.cfg.temperature, reference=self.reference,
-                                     version=self.version)
-        token_versions = batch.versions[batch.action_mask]
+        stats = self.trainer.update(table, lr, self.version)
+        token_versions = torch.tensor(table.column(Columns.POLICY_VERSIONS).combine_chunks().flatten().to_numpy())
         staleness = self.version - token_versions
         histogram = Counter(staleness.tolist())
         self._staleness.update(histogram)
@@ -345,8 +351,6 @@ class LearnerActor:
                 "weights": self._weights.stats if self._weights else {},
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}
 
-
-TRAINER_STATE = "trainer_state.pt"
 
 
 def find_checkpoint(save_dir: str | Path | None) -> Path | None:

@@ -17,6 +17,8 @@ from algos.advantages import (StateValues, discounted_returns, grpo_advantages, 
                               state_advantages)
 from algos.losses import (decoupled_ppo_loss, entropy_bonus, kl_cost_to_go, kl_penalty, ppo_clip_loss,
                           reinforce_loss, token_logprobs, truncated_is_loss)
+from actors import microbatches
+from actors.microbatches import Shard
 from streams.schema import Columns, trajectory_table
 
 LOSSES = ("decoupled_ppo", "ppo", "truncated_is", "reinforce")
@@ -95,6 +97,19 @@ class TokenBatch:
         picked = {name: value[index] if isinstance(value, torch.Tensor) else [value[i] for i in index.tolist()]
                   for name, value in vars(self).items()}
         return TokenBatch(**picked)
+
+    def trimmed(self) -> TokenBatch:
+        """Without the padding columns that every row has (right padding: the rows' longest decides)."""
+        width = max(int(self.attention_mask.sum(1).max()), 1) if len(self.role_keys) else 1
+        cut = {name: value[:, :width] if isinstance(value, torch.Tensor) and value.dim() == 2 else value
+               for name, value in vars(self).items()}
+        return TokenBatch(**cut)
+
+    def to(self, device: torch.device) -> TokenBatch:
+        if device.type == "cpu":
+            return self
+        return TokenBatch(**{name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+                             for name, value in vars(self).items()})
 
 
 def collate(table: pa.Table, pad_id: int) -> TokenBatch:
@@ -206,8 +221,16 @@ def _loss(objective: Objective, logprobs, proximal, behaviour, advantages, mask)
 
 def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objective, state: TrainerState, *,
                          temperature: float, reference=None, generator: torch.Generator | None = None,
-                         version: int | None = None) -> dict:
+                         version: int | None = None, max_tokens_per_microbatch: int | None = None,
+                         shard: Shard = Shard(), compute_dtype: torch.dtype | None = None) -> dict:
     """One update of ``model`` on ``batch``: ``objective.minibatches`` optimizer steps over shuffled rows.
+
+    Each minibatch is cut into micro-batches of at most ``max_tokens_per_microbatch`` padded tokens
+    (``actors/microbatches.py``); their gradients add up to the minibatch's before the step. Each micro-batch's
+    loss (a mean over its action tokens) is weighted by its share of the minibatch's action tokens, so the
+    update is the same however the minibatch was cut. In a learner group (``shard``) every rank holds the whole
+    batch (the same advantages and minibatches everywhere) and trains its share of each minibatch's rows; the
+    sharded model sums the ranks' gradients.
 
     The proximal policy pi_prox is the model as it is before the first step. With one minibatch its
     log-probs are the current ones, detached (the same numbers a second forward pass would give); with
@@ -216,57 +239,110 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     ``logprob_gap`` is the mean |log pi_prox - log mu| of the action tokens: staleness and the generation
     engine's numerics together. Given the model's ``version``, ``logprob_gap_same_version`` is the same over
     the tokens that version sampled: what is left is the engine's mismatch with the learner alone.
+    ``compute_dtype`` (bf16 on a GPU): the forward passes run under autocast; log-probs are fp32.
     """
     advantages, stats = advantages_of(objective, state, batch)
-    seat_returns = {f"return_seat{s}": batch.returns[batch.seats == s].mean().item() for s in batch.seats.unique().tolist()}
-    proximal_all = None
-    if objective.minibatches > 1:
-        with torch.no_grad():
-            proximal_all = action_logprobs(model, batch, temperature)
+    seat_returns = {f"return_seat{s}": batch.returns[batch.seats == s].mean().item()
+                    for s in batch.seats.unique().tolist()}
+    device = next(model.parameters()).device
+    autocast = torch.autocast(device.type, dtype=compute_dtype,
+                              enabled=compute_dtype is not None and compute_dtype != torch.float32)
     order = torch.randperm(batch.input_ids.shape[0], generator=generator)
-    model.train()
-    step_stats: list[dict] = []
-    gaps, tokens, same_gaps, same_tokens = [], 0, [], 0
+    lengths = batch.attention_mask.sum(1).tolist()
+    loss_mask = batch.action_mask[:, 1:]
+    steps = []  # per minibatch: (its action tokens, this rank's micro-batches as row indices into the batch)
     for index in torch.chunk(order, objective.minibatches):
-        mb = batch.rows(index)
-        logits = action_logits(model, mb)
-        logprobs = token_logprobs(logits, mb.input_ids[:, 1:], temperature)
-        proximal = proximal_all[index] if proximal_all is not None else logprobs.detach()
-        mask = mb.action_mask[:, 1:]  # everything that describes targets shifts by one, too
-        behaviour = mb.behaviour_logprobs[:, 1:]
-        token_advantages, kl_stats = advantages[index][:, None].expand_as(logprobs), {}
-        ref_logprobs = None
-        if reference is not None and objective.kl_coef > 0:
-            with torch.no_grad():
-                ref_logprobs = action_logprobs(reference, mb, temperature)
-            if objective.kl_estimator == "reward":
-                cost, kl_stats = kl_cost_to_go(proximal, ref_logprobs, mask)
-                token_advantages = token_advantages - objective.kl_coef * cost
-        loss, s = _loss(objective, logprobs, proximal, behaviour, token_advantages, mask)
-        s.update(kl_stats)
-        if objective.entropy_coef > 0:
-            entropy, e = entropy_bonus(logits, mask, temperature)
-            loss = loss - objective.entropy_coef * entropy
-            s.update(e)
-        if ref_logprobs is not None and objective.kl_estimator == "loss":
-            kl, k = kl_penalty(logprobs, ref_logprobs, mask)
-            loss = loss + objective.kl_coef * kl
-            s.update(k)
+        micro = microbatches.plan([lengths[i] for i in index.tolist()], max_tokens_per_microbatch,
+                                  shard.world)[shard.rank]
+        steps.append((int(loss_mask[index].sum()), [index[rows] if rows else None for rows in micro]))
+
+    def micro_batch(rows):
+        if rows is None:  # an empty micro-batch (a rank with fewer rows than the group's micro-batches)
+            empty = batch.rows(order[:1])
+            empty.action_mask = torch.zeros_like(empty.action_mask)
+            return empty.trimmed().to(device)
+        return batch.rows(rows).trimmed().to(device)
+
+    proximal = {}
+    if objective.minibatches > 1:
+        with torch.no_grad(), autocast:
+            for i, (_, micro) in enumerate(steps):
+                for j, rows in enumerate(micro):
+                    proximal[i, j] = action_logprobs(model, micro_batch(rows), temperature)
+    model.train()
+    sync = getattr(model, "set_requires_gradient_sync", None)  # a sharded model: sum gradients once a step
+    step_stats, gap_sums = [], [0.0, 0.0, 0.0, 0.0]  # gap, tokens, same-version gap, same-version tokens
+    for i, (tokens, micro) in enumerate(steps):
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        s["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), objective.max_grad_norm))
+        weighted: dict[str, float] = {}
+        for j, rows in enumerate(micro):
+            if sync is not None:
+                sync(j == len(micro) - 1)
+            mb = micro_batch(rows)
+            mask = mb.action_mask[:, 1:]  # everything that describes targets shifts by one, too
+            with autocast:
+                logits = action_logits(model, mb)
+            logprobs = token_logprobs(logits, mb.input_ids[:, 1:], temperature)
+            prox = proximal[i, j] if proximal else logprobs.detach()
+            row_advantages = advantages[rows.cpu()] if rows is not None else torch.zeros(1)
+            loss, s = _micro_loss(objective, mb, logits, logprobs, prox, row_advantages.to(device), reference,
+                                  temperature, autocast)
+            share = int(mask.sum()) / max(tokens, 1)
+            (loss * share * shard.world).backward()  # the group averages gradients over its ranks
+            for key, value in s.items():
+                weighted[key] = max(weighted.get(key, value), value) if key.endswith("_max") else \
+                    weighted.get(key, 0.0) + share * value
+            gap = ((prox - mb.behaviour_logprobs[:, 1:]).abs() * mask).detach()
+            gap_sums[0] += float(gap.sum())
+            gap_sums[1] += int(mask.sum())
+            if version is not None:
+                same = mb.versions[:, 1:] == version
+                gap_sums[2] += float((gap * same).sum())
+                gap_sums[3] += int((mask & same).sum())
+        weighted = _group_stats(weighted, shard)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), objective.max_grad_norm)
+        weighted["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         optimizer.step()
-        step_stats.append(s)
-        gap = (proximal - behaviour).abs() * mask
-        gaps.append(gap.sum())
-        tokens += int(mask.sum())
-        if version is not None:
-            same = mb.versions[:, 1:] == version
-            same_gaps.append((gap * same).sum())
-            same_tokens += int((mask & same).sum())
+        step_stats.append(weighted)
     model.eval()
+    gap, tokens, same_gap, same_tokens = shard.sum(gap_sums)
     merged = {key: sum(s[key] for s in step_stats) / len(step_stats) for key in step_stats[0]}
     if same_tokens:
-        merged["logprob_gap_same_version"] = float(sum(same_gaps) / same_tokens)
-    return {**stats, **merged, **seat_returns, "logprob_gap": float(sum(gaps) / max(tokens, 1)),
-            "tokens": tokens, "rows": int(batch.input_ids.shape[0])}
+        merged["logprob_gap_same_version"] = same_gap / same_tokens
+    return {**stats, **merged, **seat_returns, "logprob_gap": gap / max(tokens, 1), "tokens": int(tokens),
+            "rows": int(batch.input_ids.shape[0]), "microbatches": sum(len(m) for _, m in steps)}
+
+
+def _micro_loss(objective: Objective, mb: TokenBatch, logits, logprobs, proximal, advantages, reference,
+                temperature: float, autocast) -> tuple[torch.Tensor, dict]:
+    """The objective's loss on one micro-batch: a mean over its action tokens, and its statistics."""
+    mask = mb.action_mask[:, 1:]
+    behaviour = mb.behaviour_logprobs[:, 1:]
+    token_advantages, kl_stats = advantages[:, None].expand_as(logprobs), {}
+    ref_logprobs = None
+    if reference is not None and objective.kl_coef > 0:
+        with torch.no_grad(), autocast:
+            ref_logprobs = action_logprobs(reference, mb, temperature)
+        if objective.kl_estimator == "reward":
+            cost, kl_stats = kl_cost_to_go(proximal, ref_logprobs, mask)
+            token_advantages = token_advantages - objective.kl_coef * cost
+    loss, s = _loss(objective, logprobs, proximal, behaviour, token_advantages, mask)
+    s.update(kl_stats)
+    if objective.entropy_coef > 0:
+        entropy, e = entropy_bonus(logits, mask, temperature)
+        loss = loss - objective.entropy_coef * entropy
+        s.update(e)
+    if ref_logprobs is not None and objective.kl_estimator == "loss":
+        kl, k = kl_penalty(logprobs, ref_logprobs, mask)
+        loss = loss + objective.kl_coef * kl
+        s.update(k)
+    return loss, s
+
+
+def _group_stats(weighted: dict[str, float], shard: Shard) -> dict[str, float]:
+    """A minibatch's statistics over the group: token-weighted means add up, maxima take the largest."""
+    keys = sorted(weighted)
+    maxima = [k for k in keys if k.endswith("_max")]
+    sums = [k for k in keys if k not in maxima]
+    return {**dict(zip(sums, shard.sum([weighted[k] for k in sums]))),
+            **dict(zip(maxima, shard.max([weighted[k] for k in maxima])))}

@@ -38,8 +38,10 @@ SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
 def weights_to_bytes(model) -> bytes:
-    """Every parameter once (tied embeddings are one parameter), detached, on the CPU."""
-    return save_tensors({name: p.detach().cpu().contiguous() for name, p in model.named_parameters()})
+    """Every parameter once (tied embeddings are one parameter), detached, on the CPU. ``model``: a module, or
+    its parameters by name (a sharded model's, gathered)."""
+    named = model.items() if isinstance(model, dict) else model.named_parameters()
+    return save_tensors({name: p.detach().cpu().contiguous() for name, p in named})
 
 
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,

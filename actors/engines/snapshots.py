@@ -43,14 +43,15 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_snapshot(model, tokenizer, directory: str | Path) -> Path:
-    """Save ``model`` and ``tokenizer`` as an immutable snapshot at ``directory``; refuses an existing one."""
+def write_snapshot(model, tokenizer, directory: str | Path, state_dict: dict | None = None) -> Path:
+    """Save ``model`` (with ``state_dict``'s weights, if given: a sharded model's, gathered) and ``tokenizer`` as
+    an immutable snapshot at ``directory``; refuses an existing one."""
     final = Path(directory)
     if final.exists():
         raise FileExistsError(f"snapshot {final} exists already; snapshots are never overwritten")
     partial = final.with_name(final.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)  # a write cut short by a kill
-    model.save_pretrained(partial)
+    model.save_pretrained(partial, state_dict=state_dict)
     tokenizer.save_pretrained(partial)
     sums = {p.name: _sha256(p) for p in sorted(partial.iterdir()) if p.is_file()}
     (partial / CHECKSUMS).write_text(json.dumps(sums, indent=1))

@@ -1,0 +1,95 @@
+"""Cutting a minibatch into micro-batches by a token budget, and sharing it among a learner group's ranks.
+
+A micro-batch is padded to its own longest row only, so its memory is about ``rows x longest`` tokens:
+``max_tokens_per_microbatch`` bounds that product. Rows are sorted by length before they are cut (rows of
+similar length share a micro-batch: little padding). A row longer than the budget is a micro-batch of its own.
+
+With a group of ``world`` ranks, the length-sorted rows are dealt round-robin to the ranks (each gets about the
+same tokens), and every rank runs the same number of micro-batches: a sharded model gathers its parameters in
+every forward pass, so the ranks' passes must pair up. A rank with fewer rows than micro-batches runs empty
+ones (a row whose action mask is empty: it adds nothing to the loss or the gradient).
+
+``Shard`` is where a rank stands in its group; its sums and maxima go through ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rank ``rank`` of ``world`` learner processes training one policy data-parallel (``world=1``: alone)."""
+
+    rank: int = 0
+    world: int = 1
+
+    def sum(self, values: list[float]) -> list[float]:
+        return self._reduce(values, "SUM")
+
+    def max(self, values: list[float]) -> list[float]:
+        return self._reduce(values, "MAX")
+
+    def _reduce(self, values: list[float], op: str) -> list[float]:
+        if self.world == 1 or not values:
+            return list(values)
+        import torch.distributed as dist
+
+        tensor = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op), group=control_group())
+        return tensor.tolist()
+
+
+_CONTROL = {}
+
+
+def control_group():
+    """A gloo group over every rank for small CPU messages (statistics, commands), whatever the training
+    backend (NCCL on GPUs): made once per process group."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    if "group" not in _CONTROL:
+        _CONTROL["group"] = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+    return _CONTROL["group"]
+
+
+def cut(rows: list[int], lengths: list[int], budget: int | None) -> list[list[int]]:
+    """``rows`` (positions into ``lengths``, longest first) cut into micro-batches of at most ``budget`` padded
+    tokens (rows x the longest of them); None: one micro-batch."""
+    if budget is None or not rows:
+        return [list(rows)] if rows else []
+    batches, current, longest = [], [], 0
+    for row in rows:
+        width = max(longest, lengths[row])
+        if current and width * (len(current) + 1) > budget:
+            batches.append(current)
+            current, width = [], lengths[row]
+        current.append(row)
+        longest = width
+    batches.append(current)
+    return batches
+
+
+def plan(lengths: list[int], budget: int | None, world: int = 1) -> list[list[list[int]]]:
+    """For each rank, its micro-batches of a minibatch whose rows have ``lengths``: lists of positions into
+    ``lengths``, the same number of micro-batches for every rank (some perhaps empty)."""
+    if budget is not None and budget < 1:
+        raise ValueError(f"max_tokens_per_microbatch must be >= 1 (or null), not {budget}")
+    longest_first = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    shares = [cut(longest_first[r::world], lengths, budget) for r in range(world)]
+    count = max(1, max(len(share) for share in shares))
+    for share in shares:
+        while len(share) < count:
+            splittable = [b for b in share if len(b) > 1]
+            if not splittable:
+                share.append([])
+                continue
+            largest = max(splittable, key=len)
+            share.remove(largest)
+            half = len(largest) // 2
+            share += [largest[:half], largest[half:]]
+    return shares

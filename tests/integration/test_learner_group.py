@@ -1,0 +1,70 @@
+"""A learner group: two gloo ranks with FSDP2 train like one, and their checkpoints load on any rank count."""
+
+import random
+
+import pytest
+import torch
+
+from actors import trainer_processes
+from actors.learner import LearnerConfig
+from streams.schema import Columns, trajectory_table
+
+
+def table(seed: int, vocab: int, rows: int = 24):
+    rng = random.Random(seed)
+    out = []
+    for i in range(rows):
+        n = rng.randint(1, 6)
+        out.append({Columns.EPISODE_ID: f"e{seed}-{i // 2}", Columns.ENV_NAME: "t", Columns.SEED: 0,
+                    Columns.TURN: i % 2, Columns.AGENT: i % 2, Columns.MATCHUP: "self", Columns.POLICY_ID: "main",
+                    Columns.PROMPT_IDS: [rng.randrange(2, vocab) for _ in range(rng.randint(2, 16))],
+                    Columns.ACTION_IDS: [rng.randrange(2, vocab) for _ in range(n)], Columns.ACTION_TEXT: "",
+                    Columns.BEHAVIOUR_LOGPROBS: [-rng.uniform(1, 5) for _ in range(n)],
+                    Columns.POLICY_VERSIONS: [0] * n, Columns.REWARD: rng.choice([-1.0, 1.0]),
+                    Columns.TERMINATED: True, Columns.TRUNCATED: False,
+                    Columns.EPISODE_RETURN: rng.choice([-1.0, 1.0]), Columns.INVALID_ACTION: False,
+                    Columns.CREATED_AT: 0.0, Columns.GENERATED_AT: 0.0, Columns.SCORED_AT: 0.0})
+    return trajectory_table(out)
+
+
+def largest_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def group_setup(tiny_model_dir):
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(tiny_model_dir).vocab_size
+    cfg = LearnerConfig(model_path=str(tiny_model_dir), lr=1e-3, device="cpu", seed=3)
+    return cfg, [table(s, vocab) for s in range(2)]
+
+
+def test_two_gloo_ranks_make_the_same_update_as_one_with_half_the_state_each(group_setup, tmp_path):
+    cfg, tables = group_setup
+    one = trainer_processes.train(cfg, 1, tables)
+    two = trainer_processes.train(cfg, 2, tables, save_to=tmp_path / "dp2")
+    base = trainer_processes.train(cfg, 1, [])["weights"]
+    assert largest_difference(one["weights"], base) > 1e-3  # the updates moved the weights ...
+    assert largest_difference(one["weights"], two["weights"]) <= 1e-4  # ... and both groups the same way
+    assert two["stats"][-1]["tokens"] == one["stats"][-1]["tokens"]
+    assert two["stats"][-1]["pg_loss"] == pytest.approx(one["stats"][-1]["pg_loss"], abs=1e-4)
+    for kind in ("param_bytes", "optimizer_bytes"):
+        per_rank = [m[kind] for m in two["memory"]]
+        assert max(per_rank) <= 0.6 * one["memory"][0][kind], (kind, per_rank, one["memory"][0][kind])
+
+
+def test_a_checkpoint_of_two_ranks_resumes_on_one_and_one_of_one_on_two(group_setup, tmp_path):
+    cfg, tables = group_setup
+    first, second = tables
+    straight = trainer_processes.train(cfg, 1, [first, second])
+    trainer_processes.train(cfg, 2, [first], save_to=tmp_path / "dp2")
+    trainer_processes.train(cfg, 1, [first], save_to=tmp_path / "dp1")
+    assert (tmp_path / "dp2" / "optimizer").is_dir() and (tmp_path / "dp2" / "config.json").exists()
+    # the second update, as version 1 (its minibatch shuffle), from the other rank count's checkpoint
+    on_one = trainer_processes.train(cfg, 1, [first, second], checkpoint=tmp_path / "dp2", resume_versions=1)
+    on_two = trainer_processes.train(cfg, 2, [first, second], checkpoint=tmp_path / "dp1", resume_versions=1)
+    assert on_one["optimizer_steps"] == on_two["optimizer_steps"] == straight["optimizer_steps"]
+    assert largest_difference(on_one["weights"], straight["weights"]) <= 1e-4
+    assert largest_difference(on_two["weights"], straight["weights"]) <= 1e-4

@@ -1,0 +1,77 @@
+"""Micro-batches cut by a token budget: the plan, and an update that does not depend on the cut."""
+
+import copy
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from actors import microbatches
+from actors.training import Objective, TrainerState, policy_gradient_step, single_turn_batch
+
+
+def test_a_cut_keeps_every_row_once_and_stays_within_the_budget():
+    rng = random.Random(0)
+    lengths = [rng.randint(3, 40) for _ in range(57)]
+    for world in (1, 2, 3):
+        shares = microbatches.plan(lengths, budget=96, world=world)
+        assert len(shares) == world
+        assert len({len(share) for share in shares}) == 1  # the ranks' passes pair up
+        rows = sorted(r for share in shares for batch in share for r in batch)
+        assert rows == list(range(len(lengths)))
+        for share in shares:
+            for batch in share:
+                if len(batch) > 1:
+                    assert len(batch) * max(lengths[r] for r in batch) <= 96
+
+
+def test_a_row_longer_than_the_budget_is_a_micro_batch_of_its_own_and_no_budget_is_one_micro_batch():
+    assert microbatches.plan([50, 3, 4], budget=10) == [[[0], [2, 1]]]
+    assert microbatches.plan([5, 3, 4], budget=None) == [[[0, 2, 1]]]
+    assert microbatches.plan([5], budget=None, world=2) == [[[0]], [[]]]  # rank 1 runs an empty pass
+    with pytest.raises(ValueError, match="max_tokens_per_microbatch"):
+        microbatches.plan([5], budget=0)
+
+
+def tiny_llama(seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                                        pad_token_id=0))
+
+
+def random_batch(rows=24, seed=1):
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(1, 64) for _ in range(rng.randint(2, 20))] for _ in range(rows)]
+    completions = []
+    for _ in range(rows):
+        n = rng.randint(1, 12)
+        completions.append(SimpleNamespace(token_ids=[rng.randrange(1, 64) for _ in range(n)],
+                                           logprobs=[-rng.uniform(2.0, 6.0) for _ in range(n)], versions=[0] * n))
+    return single_turn_batch(prompts, completions, [rng.choice([-1.0, 0.0, 1.0]) for _ in range(rows)])
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_the_update_does_not_depend_on_how_the_batch_was_cut(minibatches):
+    base = tiny_llama()
+    results = []
+    for budget in (None, 40):
+        model = copy.deepcopy(base)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        state = TrainerState()
+        for version in range(2):
+            stats = policy_gradient_step(model, optimizer, random_batch(seed=version), Objective(minibatches=minibatches,
+                                         advantage="grpo"), state, temperature=1.0, version=version,
+                                         generator=torch.Generator().manual_seed(version),
+                                         max_tokens_per_microbatch=budget)
+        results.append((model, stats))
+    (whole, whole_stats), (cut, cut_stats) = results
+    assert cut_stats["microbatches"] > whole_stats["microbatches"] == minibatches
+    diff = max((a - b).abs().max().item() for a, b in zip(whole.parameters(), cut.parameters()))
+    moved = max((a - b).abs().max().item() for a, b in zip(whole.parameters(), base.parameters()))
+    assert moved > 1e-4 and diff <= 1e-5, (moved, diff)
+    for key in ("pg_loss", "clip_fraction", "logprob_gap", "grad_norm"):
+        assert cut_stats[key] == pytest.approx(whole_stats[key], rel=1e-4, abs=1e-6), key
