@@ -35,7 +35,7 @@ BUILT = {
                 "admission_offset", "ledger_dir"),
     RolloutConfig: ("model_path", "policy_id", "backend", "seed", "snapshot_dir"),
     LearnerConfig: ("model_path", "policy_id", "temperature", "max_staleness", "save_dir", "checkpoint_every",
-                    "resume", "data_life", "seed", "budget_s", "budget_versions"),
+                    "resume", "data_life", "seed", "budget_s", "budget_versions", "ranks"),
     ReplayConfig: ("spill_dir",),
     LeagueConfig: ("members", "state_dir", "resume", "seed"),
 }
@@ -173,6 +173,7 @@ class ReplayGroup:
 class LearnerGroup:
     max_staleness: int = 2  # eta: how many versions behind the learner a token may be (admission and learner)
     checkpoint_every: int = 50  # versions between checkpoints
+    ranks: int = 1  # learner processes training each policy data-parallel (FSDP2; needs run.mode=ray when > 1)
     args: LearnerArgs = field(default_factory=LearnerArgs)
 
 
@@ -253,7 +254,10 @@ def check(cfg: RunConfig) -> None:
         problems.append(f"run.mode must be 'ray' or 'local', not {cfg.run.mode!r}")
     if cfg.rollout.autoscale.enabled and cfg.run.mode != "ray":
         problems.append("rollout.autoscale.enabled needs run.mode=ray (in one process no actor can leave)")
-    for key, count in (("env.count", cfg.env.count), ("rollout.count", cfg.rollout.count)):
+    if cfg.learner.ranks > 1 and cfg.run.mode != "ray":
+        problems.append(f"learner.ranks={cfg.learner.ranks} needs run.mode=ray (each rank is a process of its own)")
+    for key, count in (("env.count", cfg.env.count), ("rollout.count", cfg.rollout.count),
+                       ("learner.ranks", cfg.learner.ranks)):
         if count < 1:
             problems.append(f"{key}={count}: a run needs at least one")
     if cfg.league is None:
@@ -280,7 +284,8 @@ def actor_config_problems(cfg: RunConfig) -> list[str]:
         "env.args": lambda: EnvConfig(tokenizer_path="", policy_id=cfg.run.policy_id, **built_args(cfg.env.args)),
         "rollout": lambda: RolloutConfig(model_path="", backend=cfg.rollout.backend, **built_args(cfg.rollout.args)),
         "learner": lambda: LearnerConfig(model_path="", max_staleness=cfg.learner.max_staleness,
-                                         checkpoint_every=cfg.learner.checkpoint_every, **run_budget(cfg),
+                                         checkpoint_every=cfg.learner.checkpoint_every,
+                                         ranks=max(cfg.learner.ranks, 1), **run_budget(cfg),
                                          **built_args(cfg.learner.args)),
     }
     if cfg.league is not None:

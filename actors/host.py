@@ -108,6 +108,10 @@ class LocalCluster:
     def spawn_many(self, actors: list[tuple]) -> list[dict]:
         return [self.spawn(*actor) for actor in actors]
 
+    def reserve_group(self, names: list[str], device: str = "auto") -> None:
+        if len(names) > 1:  # config.check refuses it before: one process cannot hold several ranks
+            raise ValueError("a learner group of several ranks needs run.mode=ray")
+
     def call(self, name: str, method: str, *args):
         return self._loop.call(getattr(self.actors[name], method), *args)
 

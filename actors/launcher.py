@@ -34,6 +34,21 @@ class _NodeActorHost(ActorHost):
         super().__init__(actor_cls, cfg, name, node, curve_dir, rebind)
 
 
+PLACEMENT_TIMEOUT_S = 120  # a learner group's placement group waits this long for its resources
+MIN_CPU_BUNDLE = 0.01  # a bundle cannot be empty: a rank without other needs reserves this much of a CPU
+
+
+def learner_bundle(wanted: dict, cluster_gpus: float, device: str) -> dict:
+    """The resources of one learner rank: ``ray.resources.learner``'s, a GPU where the cluster has some and the
+    learner may use one (its ``device`` is not cpu), and a sliver of a CPU if nothing else."""
+    bundle = dict(wanted)
+    if "GPU" not in bundle and cluster_gpus >= 1 and device != "cpu":
+        bundle["GPU"] = 1
+    if not any(v > 0 for v in bundle.values()):
+        bundle["CPU"] = MIN_CPU_BUNDLE
+    return bundle
+
+
 ACTOR_KINDS = ("learner", "replay", "reward", "rollout", "env", "league")
 
 
@@ -81,18 +96,46 @@ class RayCluster:
                 raise ValueError(f"ray.host=node binds streams on the nodes' addresses, {beyond} beyond loopback: "
                                  "set ray.curve_dir to the cluster's CURVE keys (see README, 'Security')")
         self.handles: dict[str, object] = {}
+        self.groups: dict[str, tuple] = {}  # actor name -> (placement group, bundle index): a learner group's
         self.specs: dict[str, tuple] = {}  # name -> (class, config, peers, bound addresses): what a restart needs
         # num_cpus=0: actors share the machine's cores; Ray only places and supervises them.
         self._remote_host = ray.remote(num_cpus=0, max_concurrency=4)(
             _NodeActorHost if host == NODE_HOST else ActorHost)
 
     def _placement(self, name: str) -> dict:
-        """Ray options that place ``name`` where ``ray.resources`` says its kind goes."""
+        """Ray options that place ``name`` where ``ray.resources`` says its kind goes (a learner group's ranks:
+        in their bundles of the group's placement group)."""
+        if name in self.groups:
+            group, index = self.groups[name]
+            bundle = dict(group.bundle_specs[index])
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            options = {"num_cpus": bundle.pop("CPU", 0), "num_gpus": bundle.pop("GPU", 0),
+                       "scheduling_strategy": PlacementGroupSchedulingStrategy(group, index)}
+            return {**options, "resources": bundle} if bundle else options
         wanted = dict(self.resources.get(actor_kind(name), {}))
         options = {"num_gpus": wanted.pop("GPU")} if "GPU" in wanted else {}
         if "CPU" in wanted:
             options["num_cpus"] = wanted.pop("CPU")
         return {**options, "resources": wanted} if wanted else options
+
+    def reserve_group(self, names: list[str], device: str = "auto") -> None:
+        """A placement group for a learner group's ranks ``names`` (two or more), a bundle each, packed: each bundle
+        is what ``ray.resources.learner`` asks for, with a GPU per rank where the cluster has GPUs (unless the
+        learner's ``device`` is cpu). A learner of one rank is placed by ``ray.resources.learner`` alone."""
+        if len(names) < 2:
+            return
+        bundle = learner_bundle(self.resources.get("learner", {}), self.ray.cluster_resources().get("GPU", 0),
+                                device)
+        group = self.ray.util.placement_group([bundle] * len(names), strategy="PACK")
+        try:
+            self.ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except self.ray.exceptions.GetTimeoutError:
+            self.ray.util.remove_placement_group(group)
+            raise RuntimeError(f"learner.ranks={len(names)}: the cluster has no room for {len(names)} x {bundle} "
+                               f"(it has {self.ray.cluster_resources()}); lower learner.ranks or change "
+                               "ray.resources.learner") from None
+        self.groups.update({name: (group, i) for i, name in enumerate(names)})
 
     def spawn(self, name: str, actor_cls, cfg, peers: dict, rebind: list[str] = ()) -> dict:
         return self.spawn_many([(name, actor_cls, cfg, peers)], rebind)[0]

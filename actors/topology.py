@@ -23,6 +23,7 @@ from actors.config import RunConfig, built_args, run_budget
 from actors.env import EnvActor, EnvConfig
 from actors.league import LeagueActor, LeagueConfig
 from actors.learner import LearnerActor, LearnerConfig
+from actors.learner_rank import LearnerRankActor, RankConfig
 from actors.replay import ReplayActor, ReplayConfig
 from actors.reward import RewardActor, RewardConfig
 from actors.rollout import RolloutActor, RolloutConfig
@@ -43,6 +44,7 @@ class Group:
     spill_dir: Path  # replay's spill, a folder per life of the run
     model_path: str  # the member's starting model
     suffix: str = ""  # of its actors' names: "" in a single run, "-<member>" in a league
+    learner_ranks: list[str] = field(default_factory=list)  # ranks 1.. of its learner group (learner.ranks > 1)
     rollouts: list[str] = field(default_factory=list)
     requests: dict[str, str] = field(default_factory=dict)  # rollout actor -> where it takes requests
     weights: str = ""  # the learner's publisher: versions and weight manifests
@@ -51,7 +53,11 @@ class Group:
     rollouts_made: int = 0  # rollout actors ever started: a joining one gets a name never used
 
     def names(self) -> list[str]:
-        return [self.learner, self.replay, self.reward, *self.rollouts]
+        return [self.learner, *self.learner_ranks, self.replay, self.reward, *self.rollouts]
+
+    def learner_group(self) -> list[str]:
+        """Its learner's processes: rank 0 (the learner) and the ranks that follow it."""
+        return [self.learner, *self.learner_ranks]
 
     def owns(self, name: str) -> bool:
         return name in self.names()
@@ -94,10 +100,12 @@ def plan_groups(cfg: RunConfig, model_path: str, run_dir: Path) -> dict[str, Gro
     groups = {}
     for k, member in enumerate(cfg.members()):
         suffix = "" if cfg.league is None else f"-{member.id}"
-        groups[member.id] = Group(member.id, k, f"learner{suffix}", f"replay{suffix}", f"reward{suffix}",
+        learner = f"learner{suffix}"
+        groups[member.id] = Group(member.id, k, learner, f"replay{suffix}", f"reward{suffix}",
                                   policy_dir=run_dir / policy_dir(cfg, member.id),
                                   spill_dir=run_dir / "replay" / member.id if suffix else run_dir / "replay",
-                                  model_path=str(member.model or model_path), suffix=suffix)
+                                  model_path=str(member.model or model_path), suffix=suffix,
+                                  learner_ranks=[f"{learner}-rank{r}" for r in range(1, cfg.learner.ranks)])
     return groups
 
 
@@ -115,7 +123,10 @@ def build_topology(cluster, cfg: RunConfig, model_path: str | Path, run_dir: Pat
         top.ledger = str(run_dir / "ledger" / top.life)
         Path(top.ledger).mkdir(parents=True, exist_ok=True)
     groups = list(top.groups.values())
+    for group in groups:  # a learner group's processes are placed together (a GPU each, where there are GPUs)
+        cluster.reserve_group(group.learner_group(), cfg.learner.args.device)
     learners = cluster.spawn_many([(g.learner, LearnerActor, learner_config(cfg, g, top.life), {}) for g in groups])
+    spawn_learner_ranks(cluster, cfg, top.life, groups, learners)
     replays = cluster.spawn_many([(g.replay, ReplayActor, replay_config(cfg, g, top.life),
                                    {"learner": [learner["batches"]]}) for g, learner in zip(groups, learners)])
     rewards = cluster.spawn_many([(g.reward, RewardActor, RewardConfig(**built_args(cfg.reward.args)),
@@ -131,9 +142,20 @@ def build_topology(cluster, cfg: RunConfig, model_path: str | Path, run_dir: Pat
 def learner_config(cfg: RunConfig, group: Group, life: str) -> LearnerConfig:
     return LearnerConfig(
         model_path=group.model_path, policy_id=group.member, temperature=cfg.sampling.temperature,
-        max_staleness=cfg.learner.max_staleness, save_dir=str(group.policy_dir),
+        max_staleness=cfg.learner.max_staleness, save_dir=str(group.policy_dir), ranks=cfg.learner.ranks,
         checkpoint_every=cfg.learner.checkpoint_every, resume=bool(cfg.resume), data_life=life,
         seed=cfg.run.seed + MEMBER_SEED_STRIDE * group.index, **run_budget(cfg), **built_args(cfg.learner.args))
+
+
+def spawn_learner_ranks(cluster, cfg: RunConfig, life: str, groups: list[Group], learners: list[dict]) -> None:
+    """Ranks 1.. of each learner group, meeting their rank 0 at the rendezvous its start returned."""
+    ranks = []
+    for group, learner in zip(groups, learners):
+        config = learner_config(cfg, group, life)
+        ranks += [(name, LearnerRankActor, RankConfig(config, r, learner["rendezvous"]), {})
+                  for r, name in enumerate(group.learner_ranks, start=1)]
+    if ranks:
+        cluster.spawn_many(ranks)
 
 
 def replay_config(cfg: RunConfig, group: Group, life: str) -> ReplayConfig:

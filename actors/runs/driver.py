@@ -141,7 +141,7 @@ class Driver:
         else:  # rollout, reward, replay, learner: as in every member's group (recovery.py)
             group = top.group_of(name)
             self.recoveries[group.member].restart(name)
-            if self.steward is not None and name == group.learner:
+            if self.steward is not None and name in group.learner_group():
                 self.steward.learner_restarted(group.member)
         self.metrics.restarted(name)
         return self.cluster.statistics(name)

@@ -68,7 +68,7 @@ class GroupRecovery:
         top = self.top
         if name in top.rollouts:
             return self._restart_rollout(name)
-        if name == top.learner:
+        if name in top.learner_group():
             return self._restart_learner()
         started = self.cluster.restart(name)
         if name == top.replay:
@@ -84,11 +84,14 @@ class GroupRecovery:
 
     def _restart_learner(self) -> dict:
         """From its last checkpoint (or the base model, if it made none yet); replay sends again, in order, the
-        batches after the checkpoint's data cursor, so it trains on each once."""
+        batches after the checkpoint's data cursor, so it trains on each once. A learner group (any of its ranks
+        died) starts again as a whole: the others wait in collectives that the dead one will never join."""
         from actors.learner import find_checkpoint
 
         resume = find_checkpoint(self.policy_dir) is not None
         started = self.cluster.restart(self.top.learner, resume=resume)
+        for rank in self.top.learner_ranks:
+            self.cluster.restart(rank, rendezvous=started["rendezvous"])
         log.warning("%s restarted at version %d; batches after %d come again", self.top.learner,
                     started["version"], started["cursor"])
         self.rewind_replay(started["cursor"])

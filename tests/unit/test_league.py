@@ -306,15 +306,16 @@ def test_a_learner_reset_brings_back_the_base_weights_and_a_fresh_optimizer_as_a
     from actors.learner import LearnerActor, LearnerConfig
 
     learner = LearnerActor(LearnerConfig(model_path=str(tiny_model_dir), policy_id="exploiter"))
-    model, _, optimizer = learner._load()
+    learner._load(None)
+    model, optimizer = learner.trainer.model, learner.trainer.optimizer
     base = {k: v.clone() for k, v in model.state_dict().items()}
     model(torch.tensor([[1, 2, 3]])).logits.sum().backward()  # one step away from the base model
     optimizer.step()
-    learner.version, learner.state.baselines = 7, {0: 0.3}
+    learner.version, learner.trainer.state.baselines = 7, {0: 0.3}
     assert optimizer.state and any(not torch.equal(base[k], v) for k, v in model.state_dict().items())
-    learner._reset(model, optimizer)
+    learner._reset()
     assert all(torch.equal(base[k], v) for k, v in model.state_dict().items())
-    assert not optimizer.state and learner.state.baselines == {}
+    assert not optimizer.state and learner.trainer.state.baselines == {}
     assert learner.version == 8 and learner.statistics()["resets"] == [8]  # the version goes on up
 
 
