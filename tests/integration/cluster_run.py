@@ -1,4 +1,5 @@
-"""A short run across three Ray nodes on one machine, each at its own loopback address, with CURVE keys.
+"""A short run across three Ray nodes on one machine, each at its own loopback address, with CURVE keys; the
+learner's node has two (fake) GPUs and the learner two ranks, a GPU each.
 
     python -m tests.integration.cluster_run <model dir> <work dir>
 
@@ -25,6 +26,7 @@ from tests.integration.topology import small_config
 # node address -> the custom resource that pins actors to it; 127.0.0.1 itself Ray would replace by the
 # machine's outside address, so the head takes 127.0.0.2
 NODES = {"127.0.0.2": "head", "127.0.0.3": "node-a", "127.0.0.4": "node-b"}
+FAKE_GPUS = 2
 PLACEMENT = {"env": "head", "reward": "head", "learner": "node-a", "replay": "node-a", "rollout": "node-b"}
 
 
@@ -33,7 +35,8 @@ def start_cluster() -> Cluster:
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "node_ip_address": head, "resources": {head_resource: 100}, "include_dashboard": False})
     for address, resource in workers:
-        cluster.add_node(num_cpus=0, node_ip_address=address, resources={resource: 100})
+        gpus = FAKE_GPUS if resource == PLACEMENT["learner"] else 0  # Ray's own count: no CUDA behind it
+        cluster.add_node(num_cpus=0, num_gpus=gpus, node_ip_address=address, resources={resource: 100})
     ray.init(address=cluster.address, _node_ip_address=head, logging_level=logging.WARNING)
     return cluster
 
@@ -47,6 +50,7 @@ def main(model_dir: str, work_dir: str) -> None:
         placement = {f"+ray.resources.{kind}": f"{{{resource}: 1}}" for kind, resource in PLACEMENT.items()}
         cfg = small_config(work, **{"model.path": model_dir, "run.max_versions": 3, "run.minutes": 3,
                                     "run.log_every_s": 0.5, "ray.host": "node", "ray.curve_dir": str(keys),
+                                    "learner.ranks": 2,
                                     # the weights cross nodes as they would cross machines: in chunks over ZeroMQ
                                     "rollout.args.weights_shared_memory": False, **placement})
         run, last = Driver(cfg), {}
@@ -59,7 +63,9 @@ def main(model_dir: str, work_dir: str) -> None:
         run.metrics.snapshot = keep_stats
         summary = run.execute()
         result = {"summary": summary, "bound": {name: spec[3] for name, spec in run.cluster.specs.items()},
-                  "stats": last, "ray_nodes": sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])}
+                  "stats": last, "ray_nodes": sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]),
+                  "node_addresses": {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()},
+                  "placement_groups": list(ray.util.placement_group_table().values())}
         (work / "cluster.json").write_text(json.dumps(result, indent=2, default=str))
     finally:
         ray.shutdown()

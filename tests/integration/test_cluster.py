@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster_run import NODES, PLACEMENT
+from tests.integration.cluster_run import FAKE_GPUS, NODES, PLACEMENT
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +34,8 @@ def test_actors_on_three_nodes_connect_across_their_addresses_and_learn(tiny_mod
     node_of = {resource: address for address, resource in NODES.items()}
     for name, addresses in result["bound"].items():  # every stream bound on the node its actor was placed on
         host = node_of[PLACEMENT[name.split("-")[0]]]
+        if name == "learner-rank1":  # a learner rank has no streams: it meets rank 0 in torch.distributed
+            continue
         assert addresses and all(a.startswith(f"tcp://{host}:") for a in addresses), (name, addresses)
     summary, rollout = result["summary"], result["stats"]["rollout-0"]
     # env (127.0.0.2) -> rollout (127.0.0.4) -> env; env -> reward -> replay (127.0.0.3) -> learner: it trained
@@ -43,3 +45,8 @@ def test_actors_on_three_nodes_connect_across_their_addresses_and_learn(tiny_mod
     # ... fetched in checked chunks over ZeroMQ across the nodes' addresses, as between machines
     assert rollout["weights"]["from_chunks"] >= 2 and rollout["weights"]["from_shared_memory"] == 0
     assert result["stats"]["learner"]["episodes"] > 0 and summary["restarts"] == {}
+    # the learner group: one placement group, a (fake) GPU per rank, both on the learner's node
+    group, = result["placement_groups"]
+    assert [b for b in group["bundles"].values()] == [{"GPU": 1.0, PLACEMENT["learner"]: 1.0}] * FAKE_GPUS
+    assert {result["node_addresses"][n] for n in group["bundles_to_node_id"].values()} == {node_of["node-a"]}
+    assert result["stats"]["learner-rank1"]["state"] == "serving"
