@@ -1,5 +1,8 @@
 """LearnerActor: owns the model, the optimizer and the version counter; publishes versioned weights.
 
+The model and optimizer are its ``Trainer``'s (``actors/trainer.py``); with ``ranks`` > 1 this actor is rank 0 of
+a learner group that trains data-parallel (docs/learner.md), and everything below holds for the group.
+
 Each batch from replay is one update; after it the version goes up by one and the new weights are
 published to every rollout actor of the policy (and the new version to whoever follows it).
 
@@ -9,8 +12,9 @@ episodes run ahead, not how long one takes, so a slow episode's first turns can 
 ones are fresh; with ``max_staleness=0`` every trained token has the learner's version).
 
 Checkpoints: every ``checkpoint_every`` versions and when it stops, the learner writes its policy (a Hugging
-Face model directory, loadable with ``from_pretrained``) and, beside it, ``trainer_state.pt``: the optimizer,
-the version, the random state, the advantage baselines and its running totals. A learner started with
+Face model directory, loadable with ``from_pretrained``) and, beside it, the optimizer's state (``optimizer/``,
+torch.distributed.checkpoint: it loads on any number of ranks) and ``trainer_state.pt``: the version, the random
+state, the advantage baselines and its running totals. A learner started with
 ``resume=True`` and a checkpoint in ``save_dir`` continues from it, at the same version. A checkpoint is
 written to a fresh directory and swapped in, so a process killed while writing leaves the previous one.
 
