@@ -24,12 +24,11 @@ import torch
 import trio
 from trio.testing import MockClock
 
+from actors.engines.tokenizer import make_tokenizer
 from algos.losses import sft_loss
 from envs.registry import make, make_opponent
 
 log = logging.getLogger(__name__)
-
-PAD, EOS = "<pad>", "<eos>"
 
 
 @dataclass(frozen=True)
@@ -71,28 +70,6 @@ def tiny_model_config(cfg) -> TinyModelConfig:
         tiny["warmup_env"] = cfg.env.args.env_name
         tiny["warmup_env_args"] = dict(cfg.env.args.env_args or {})
     return TinyModelConfig(**tiny)
-
-
-def make_tokenizer(corpus: list[str], vocab_size: int):
-    """A byte-level BPE tokenizer trained on ``corpus``, wrapped as a transformers fast tokenizer.
-
-    It is the same kind of tokenizer GPT-2 and most open models use, so it saves, loads and decodes
-    through the standard code path; training it on the game's own text keeps prompts short.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[PAD, EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    core.train_from_iterator(corpus, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS)
 
 
 def make_model(tokenizer, cfg: TinyModelConfig):
