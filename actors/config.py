@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from actors.engines.base_model import TinyModelConfig
+from actors.engines.random_model import ModelShape, random_model_config
 from actors.env import EnvConfig
 from actors.league import LeagueConfig
 from actors.learner import LearnerConfig
@@ -77,6 +78,9 @@ RewardArgs = args_schema(RewardConfig, "RewardArgs")
 LeagueArgs = args_schema(LeagueConfig, "LeagueArgs", BUILT[LeagueConfig])
 # null warmup_env: the run's environment (env.args.env_name and env_args)
 TinyArgs = args_schema(TinyModelConfig, "TinyArgs", optional=("warmup_env",))
+# null tokenizer_env: the run's environment (env.args.env_name and env_args); builtin: a built-in text
+ShapeArgs = args_schema(ModelShape, "ShapeArgs", optional=("tokenizer_env",))
+MODEL_INITS = ("tiny", "random")
 
 
 def built_args(args) -> dict:
@@ -115,9 +119,11 @@ class RaySection:
 
 @dataclass
 class ModelSection:
-    path: Optional[str] = None  # a Hugging Face model directory; null: tidal's own tiny model, made and cached
-    cache_dir: str = "~/.cache/tidal/models"
+    path: Optional[str] = None  # a Hugging Face model directory (wins over init); null: a model tidal makes
+    cache_dir: str = "~/.cache/tidal/models"  # where the models tidal makes are kept, by a fingerprint of their config
+    init: str = "tiny"  # tiny: tidal's tiny model, warmed up | random: random weights of the architecture `shape`
     tiny: TinyArgs = field(default_factory=TinyArgs)
+    shape: ShapeArgs = field(default_factory=ShapeArgs)
 
 
 @dataclass
@@ -250,6 +256,7 @@ def check(cfg: RunConfig) -> None:
     if cfg.rollout.backend == "vllm" and not 0 < temperature <= VLLM_MAX_TEMPERATURE:
         problems.append(f"sampling.temperature={temperature}: rollout.backend=vllm samples at temperatures in "
                         f"(0, {VLLM_MAX_TEMPERATURE:g}]")
+    problems += model_problems(cfg)
     if cfg.run.mode not in ("ray", "local"):
         problems.append(f"run.mode must be 'ray' or 'local', not {cfg.run.mode!r}")
     if cfg.rollout.autoscale.enabled and cfg.run.mode != "ray":
@@ -276,6 +283,18 @@ def check(cfg: RunConfig) -> None:
     problems += actor_config_problems(cfg)
     if problems:
         raise ValueError("; ".join(problems))
+
+
+def model_problems(cfg: RunConfig) -> list[str]:
+    """A base model that cannot be made: an unknown ``model.init``, or a shape that does not fit together."""
+    if cfg.model.init not in MODEL_INITS:
+        return [f"model.init={cfg.model.init!r}: choose one of {', '.join(MODEL_INITS)} (or set model.path)"]
+    if cfg.model.init == "random" and not cfg.model.path:
+        try:
+            random_model_config(cfg)
+        except ValueError as error:
+            return [str(error)]
+    return []
 
 
 def actor_config_problems(cfg: RunConfig) -> list[str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from actors.config import RunConfig
 from actors.engines.base_model import ensure_base_model, tiny_model_config
+from actors.engines.random_model import ensure_random_model, random_model_config
 from actors.launcher import open_cluster
 from actors.runs.control import ControlServer
 from actors.runs.evaluations import Evaluations
@@ -76,13 +77,16 @@ class Driver:
     # -- the run -----------------------------------------------------------------------------------------
 
     def model_path(self) -> Path:
-        """The base model: ``model.path`` (and each member's own ``model``) checked, or tidal's tiny model."""
+        """The base model: ``model.path`` (and each member's own ``model``) checked; else the model tidal makes
+        (and caches) by ``model.init``: its tiny model, warmed up, or random weights of ``model.shape``."""
         for where, path in [("model.path", self.cfg.model.path),
                             *((f"league member {m.id}'s model", m.model) for m in self.cfg.members())]:
             if path and not (Path(path).expanduser() / "config.json").exists():
                 raise FileNotFoundError(f"{where}={path} is not a Hugging Face model directory (no config.json)")
         if self.cfg.model.path:
             return Path(self.cfg.model.path).expanduser()
+        if self.cfg.model.init == "random":
+            return ensure_random_model(self.cfg.model.cache_dir, random_model_config(self.cfg))
         return ensure_base_model(self.cfg.model.cache_dir, tiny_model_config(self.cfg))
 
     def execute(self) -> dict:
