@@ -7,9 +7,9 @@ own ``LlamaConfig`` / ``Qwen2Config``) and its sizes, and ``ensure_random_model`
 Everything downstream loads it with ``from_pretrained``, like any model directory.
 
 The tokenizer is the small byte-level BPE of ``actors.engines.tokenizer`` (``tokenizer_vocab`` tokens, trained on
-the run's environment text or on a built-in text), while the embedding has ``vocab_size`` rows, as a real model's
-does (Qwen2's 151936): the rows past the tokenizer's length are ids no text encodes to. A random policy may still
-sample them; they decode to nothing, as a real model's unused ids do.
+the run's environment text or on a built-in text; a Qwen2 shape's splits text as Qwen2's does), while the embedding
+has ``vocab_size`` rows, as a real model's does (Qwen2's 151936): the rows past the tokenizer's length are ids no
+text encodes to. A random policy may still sample them; they decode to nothing, as a real model's unused ids do.
 
 Nothing here imports trio, Ray, ZeroMQ or vLLM unless ``tokenizer_env`` names an environment: with the built-in
 text, a model is made where only torch, transformers and tokenizers are installed (``benchmarks/gpu_check.py``).
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from actors.engines.tokenizer import BYTE_ALPHABET, make_tokenizer
+from actors.engines.tokenizer import BYTE_ALPHABET, make_tokenizer, save_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -175,11 +175,12 @@ def ensure_random_model(cache_dir: str | Path, shape: ModelShape = ModelShape())
     if (path / "config.json").exists():
         return path
     log.info("making a random %s model in %s", shape.architecture, path)
-    tokenizer = make_tokenizer(tokenizer_corpus(shape), shape.tokenizer_vocab)
+    tokenizer = make_tokenizer(tokenizer_corpus(shape), shape.tokenizer_vocab,
+                               split="qwen2" if shape.architecture == "qwen2" else "gpt2")
     model = make_random_model(tokenizer, shape)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     model.save_pretrained(tmp)  # safetensors
-    tokenizer.save_pretrained(tmp)
+    save_tokenizer(tokenizer, tmp)
     (tmp / "tidal_base_model.json").write_text(json.dumps(
         {"init": "random", "shape": asdict(shape), "parameters": parameter_count(model),
          "tokenizer_tokens": len(tokenizer)}, indent=2))
