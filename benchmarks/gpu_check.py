@@ -126,7 +126,7 @@ def measure_learner(model, args, token_range: int, device: torch.device) -> dict
     try:
         update(batches[0])  # warm-up: kernels chosen, optimizer state allocated
     except RuntimeError as error:
-        if "device" not in str(error):
+        if isinstance(error, torch.OutOfMemoryError) or "device" not in str(error):
             raise
         print(f"gpu_check: the learner's update cannot run on {device} yet ({str(error).splitlines()[0]}): "
               "learner numbers not measured", flush=True)
@@ -162,7 +162,7 @@ def measure_generation(model, args, token_range: int, eos_id: int, pad_id: int, 
     try:
         generate(2)  # warm-up
     except RuntimeError as error:  # hf.sample before it was made device-aware (issue 28, part 1)
-        if "device" not in str(error):
+        if isinstance(error, torch.OutOfMemoryError) or "device" not in str(error):
             raise
         placed = False
         print(f"gpu_check: hf.sample does not place its tensors on {device}; measured with torch.device({device!r}) "

@@ -74,7 +74,7 @@ def test_the_cache_is_reused_and_a_different_shape_gets_its_own_directory(tmp_pa
 def test_random_25m_has_at_least_20m_parameters(tmp_path):
     cfg = load_config(["model=random_25m", f"model.cache_dir={tmp_path}"])
     shape = random_model_config(cfg)
-    assert shape.tokenizer_env == "tictactoe"  # null: the run's environment
+    assert cfg.model.init == "random" and shape.tokenizer_env == "tictactoe"  # null: the run's environment
     model = AutoModelForCausalLM.from_pretrained(ensure_random_model(cfg.model.cache_dir, shape))
     params = parameter_count(model)
     print(f"random_25m: {params / 1e6:.1f} M parameters")
