@@ -9,17 +9,19 @@ measurements on the CPU (a smoke test: ``--shape random_25m --batch 2 --seq-len 
 
 The shape is a preset of ``configs/model/<name>.yaml`` (``model.init=random``, docs/models.md) or a path to such a
 file; its model is made once (random weights, float32, safetensors, tidal's own tokenizer trained on a built-in
-text) in ``--cache-dir`` and loaded with ``from_pretrained``, then moved to the GPU in bf16.
+text) in ``--cache-dir`` and loaded with ``from_pretrained`` onto the GPU: as the learner holds it (fp32 parameters,
+the optimizer's master copy, computing in bf16 under autocast) and, for generation, in bf16.
 
 - learner: ``actors.training.policy_gradient_step`` (the learner's own update: the default objective, a no-grad
-  proximal forward and ``minibatches`` forward-backward passes, AdamW) on synthetic single-turn batches of
-  ``--batch`` rows of ``--seq-len`` tokens, one warm-up update, then ``--steps`` timed ones.
+  proximal forward and ``minibatches`` forward-backward passes, AdamW; ``--microbatch-tokens`` its
+  ``max_tokens_per_microbatch``) on synthetic single-turn batches of ``--batch`` rows of ``--seq-len`` tokens, one
+  warm-up update, then ``--steps`` timed ones.
 - MFU: model FLOPs per update (6 N per token for the forward-backward, 2 N for the proximal forward; N the
   parameters of the linear layers, the LM head included; attention's own score FLOPs not counted) over the time,
   against the GPU's dense bf16 peak, looked up by its name (``--peak-tflops`` for another).
 - peak memory: ``torch.cuda.max_memory_allocated`` over the learner's updates.
 - generation: ``actors.engines.hf.sample`` of ``--gen-tokens`` tokens for ``--gen-batch`` prompts of 32 tokens.
-- publish: serialising every parameter to safetensors bytes on the host, exactly what
+- publish: serialising the learner's every parameter (fp32) to safetensors bytes on the host, exactly what
   ``streams.weights.weights_to_bytes`` does (the same call, repeated here because ``streams.weights`` imports trio;
   ``tests/unit/test_random_models.py`` checks that the bytes are the same).
 
@@ -109,7 +111,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_learner(model, args, token_range: int, device: torch.device) -> dict:
+def measure_learner(model, args, token_range: int, device: torch.device, compute_dtype: torch.dtype) -> dict:
     from actors.training import Objective, TrainerState, policy_gradient_step
 
     objective, state = Objective(), TrainerState()
@@ -118,19 +120,11 @@ def measure_learner(model, args, token_range: int, device: torch.device) -> dict
     batches = [synthetic_batch(args.batch, args.seq_len, token_range, model.config.vocab_size, generator)
                for _ in range(args.steps + 1)]
 
-    def update(batch):
-        # policy_gradient_step moves each minibatch's rows to the model's device (issue 28, part 1); a learner
-        # without that fails here on a GPU, and the learner's numbers are reported as not measured
-        return policy_gradient_step(model, optimizer, batch, objective, state, temperature=1.0, generator=generator)
+    def update(batch):  # the batch stays on the host: the update moves each micro-batch to the model's device
+        return policy_gradient_step(model, optimizer, batch, objective, state, temperature=1.0, generator=generator,
+                                    max_tokens_per_microbatch=args.microbatch_tokens, compute_dtype=compute_dtype)
 
-    try:
-        update(batches[0])  # warm-up: kernels chosen, optimizer state allocated
-    except RuntimeError as error:
-        if isinstance(error, torch.OutOfMemoryError) or "device" not in str(error):
-            raise
-        print(f"gpu_check: the learner's update cannot run on {device} yet ({str(error).splitlines()[0]}): "
-              "learner numbers not measured", flush=True)
-        return {"learner_tokens_per_s": math.nan, "update_s": math.nan, "flops_per_update": math.nan}
+    update(batches[0])  # warm-up: kernels chosen, optimizer state allocated
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     synchronize(device)
@@ -192,6 +186,8 @@ def parse_args(argv):
     parser.add_argument("--steps", type=int, default=5, help="timed learner updates (after one warm-up)")
     parser.add_argument("--batch", type=int, default=16, help="rows per update")
     parser.add_argument("--seq-len", type=int, default=1024, help="tokens per row")
+    parser.add_argument("--microbatch-tokens", type=int, default=None, help="the learner's token budget per "
+                        "micro-batch (default: one micro-batch per minibatch)")
     parser.add_argument("--gen-batch", type=int, default=32, help="prompts sampled at once")
     parser.add_argument("--gen-tokens", type=int, default=128, help="tokens sampled per prompt")
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:<i> or cpu (a smoke test)")
@@ -202,6 +198,8 @@ def parse_args(argv):
     for name in ("steps", "batch", "seq_len", "gen_batch", "gen_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.microbatch_tokens is not None and args.microbatch_tokens < 1:
+        parser.error("--microbatch-tokens must be >= 1")
     if args.seq_len < 2:
         parser.error("--seq-len must be >= 2 (a prompt token and an action token)")
     return args
@@ -227,32 +225,38 @@ def main(argv=None) -> int:
     path = ensure_random_model(args.cache_dir, shape)
     made_s = time.perf_counter() - started
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path).to(device=device, dtype=dtype).eval()
     token_range = len(tokenizer)
-    params = parameter_count(model)
-    print(f"gpu_check: {name}, {args.shape}: {params / 1e6:.1f} M parameters in {dtype} ({path}, "
-          f"made or found in {made_s:.1f} s)", flush=True)
+    learner = AutoModelForCausalLM.from_pretrained(path).to(device).eval()  # fp32: the learner's master copy
+    params = parameter_count(learner)
+    print(f"gpu_check: {name}, {args.shape}: {params / 1e6:.1f} M parameters ({path}, made or found in "
+          f"{made_s:.1f} s)", flush=True)
 
-    result = measure_learner(model, args, token_range, device)
+    result = measure_learner(learner, args, token_range, device, dtype)
     peak_mem = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else math.nan
-    result.update(measure_generation(model, args, token_range, tokenizer.eos_token_id, tokenizer.pad_token_id,
+    result.update(measure_publish(learner))
+    del learner
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    sampler = AutoModelForCausalLM.from_pretrained(path).to(device=device, dtype=dtype).eval()
+    result.update(measure_generation(sampler, args, token_range, tokenizer.eos_token_id, tokenizer.pad_token_id,
                                      device))
-    result.update(measure_publish(model))
     peak = args.peak_tflops or (bf16_peak_tflops(name) if device.type == "cuda" else None)
     achieved = result["flops_per_update"] / result["update_s"]
     mfu = achieved / (peak * 1e12) if peak else math.nan
 
-    rows = [("device", name), ("shape", f"{args.shape} ({params / 1e6:.1f} M parameters, {dtype})"),
-            ("learner batch", f"{args.batch} x {args.seq_len} tokens, {args.steps} timed updates"),
+    rows = [("device", name), ("shape", f"{args.shape} ({params / 1e6:.1f} M parameters)"),
+            ("learner precision", f"fp32 parameters, {dtype} compute"),
+            ("learner batch", f"{args.batch} x {args.seq_len} tokens, {args.steps} timed updates, micro-batches of "
+                              f"{args.microbatch_tokens or 'a whole minibatch'} tokens"),
             ("learner update", f"{result['update_s']:.3f} s"),
             ("learner tokens/s", f"{result['learner_tokens_per_s']:.0f}"),
             ("model TFLOP/s", f"{achieved / 1e12:.1f}"),
             ("MFU", f"{mfu:.3f} of {peak:g} TFLOP/s bf16" if peak else "n/a (peak unknown: --peak-tflops)"),
             ("peak memory (learner)", f"{peak_mem:.2f} GiB" if not math.isnan(peak_mem) else "n/a (CPU)"),
-            ("hf generation", f"{result['gen_tokens']} tokens ({args.gen_batch} x {args.gen_tokens}) in "
-                              f"{result['gen_s']:.2f} s"),
+            ("hf generation", f"{result['gen_tokens']} tokens ({args.gen_batch} x {args.gen_tokens}), {dtype} "
+                              f"weights, in {result['gen_s']:.2f} s"),
             ("hf generation tokens/s", f"{result['gen_tokens_per_s']:.0f}"),
-            ("publish one version", f"{result['publish_s']:.3f} s ({result['publish_gib']:.2f} GiB of safetensors)")]
+            ("publish one version", f"{result['publish_s']:.3f} s ({result['publish_gib']:.2f} GiB, fp32)")]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"  {key:<{width}}  {value}")
