@@ -13,7 +13,7 @@ Weights (`VllmSampler.load`): no new request enters the engine while weights cha
 under way has reached the engine, it is paused with every request in flight aborted, the worker reloads its
 weights in place (vLLM's ``reload_weights``; the engine is not restarted), and the engine resumes. With one
 worker (``tensor_parallel_size`` 1, the "uni" executor: the worker lives in the engine's own process) the
-version's bytes go to it over the engine's RPC, in pieces sent while it still generates, and are loaded from
+version's bytes go to it over the engine's RPC, in pieces sent while requests in flight go on, and loaded from
 memory (`actors/engines/vllm_worker.py`); with several workers (vLLM's "mp" executor, which would pass every
 worker a copy) they are written once to a file under ``weights_dir`` that every worker maps
 (``weights_in_memory`` overrides the choice). An aborted request goes on from its prefix: its prompt and the tokens
