@@ -19,10 +19,16 @@ against its checksums) and kept, up to ``max_snapshots`` of them, the least rece
 the snapshot's version. One process serves the live policy and every snapshot; snapshots are sampled by the
 ``hf`` sampler with either backend (with ``vllm``, beside the engine, in batches of the snapshot requests that
 are waiting: the engine holds one set of weights, the live policy's).
+
+``device`` and ``dtype`` place the models the ``hf`` sampler runs (the live policy with ``hf``, and snapshots):
+``auto`` is CUDA in bfloat16 when a GPU is visible, else the CPU in float32 (`actors/engines/devices.py`). New
+weights are copied into the model's parameters, so they take its device and dtype. The ``vllm`` engine runs on
+its build's platform, in ``vllm.dtype`` (null: this ``dtype``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -34,8 +40,9 @@ import torch
 import trio
 
 from actors.engines.base_model import load_policy
+from actors.engines.devices import check_device, check_dtype, resolve_device, resolve_dtype
 from streams.endpoints import Inbox, Outbox
-from actors.engines.hf import sample
+from actors.engines.hf import device_generator, sample
 from actors.engines.snapshots import SnapshotError, load_snapshot, parse_snapshot_id
 from actors.engines.vllm_engine import VllmOptions
 from streams.weights import FetchedWeights, WeightsFollower, load_weights
@@ -63,8 +70,15 @@ class RolloutConfig:
     # false: take every version in checked chunks over ZeroMQ even from a learner on this host (as from one on
     # another machine), not from its shared-memory file
     weights_shared_memory: bool = True
+    device: str = "auto"  # where hf models run: auto (CUDA when present) | cpu | cuda | cuda:<index>
+    dtype: str = "auto"  # their precision: auto (bfloat16 on a GPU, float32 on the CPU) | float32 | bfloat16 | ...
 
     def __post_init__(self):
+        for key, check in (("device", check_device), ("dtype", check_dtype)):
+            try:
+                check(getattr(self, key))
+            except ValueError as error:
+                raise ValueError(f"rollout.args.{key}: {error}") from None
         if not self.latency_s >= 0:
             raise ValueError(f"rollout latency_s must be >= 0 seconds, not {self.latency_s!r}")
         if self.latency_s and self.backend != "hf":
@@ -94,6 +108,7 @@ class RolloutActor:
         self._inbox = None
         self._sampler = None
         self._snapshots: OrderedDict[str, tuple] = OrderedDict()  # snapshot id -> (model, version), LRU
+        self.device, self.dtype = torch.device("cpu"), torch.float32  # resolved when the actor loads its model
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         engine = await trio.to_thread.run_sync(self._load)  # hf: (model, tokenizer); vllm: (a VllmSampler, tokenizer)
@@ -130,16 +145,27 @@ class RolloutActor:
 
     def _load(self):
         torch.set_num_threads(self.cfg.threads)
+        try:
+            self.device = resolve_device(self.cfg.device)
+        except RuntimeError as error:
+            raise RuntimeError(f"{self.name}: rollout.args.{error}") from None
+        self.dtype = resolve_dtype(self.cfg.dtype, self.device)
         if self.cfg.backend == "vllm":
             from transformers import AutoTokenizer
 
             from actors.engines.vllm_engine import VllmSampler
 
             tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_path)
-            return VllmSampler(self.cfg.model_path, tokenizer.eos_token_id, options=self.cfg.vllm,
+            options = dataclasses.replace(self.cfg.vllm, dtype=self.cfg.vllm.dtype or self.cfg.dtype)
+            return VllmSampler(self.cfg.model_path, tokenizer.eos_token_id, options=options,
                                threads=self.cfg.threads, max_seqs=self.cfg.max_batch, seed=self.cfg.seed,
                                name=self.name), tokenizer
-        return load_policy(self.cfg.model_path)
+        return self._placed(load_policy(self.cfg.model_path))
+
+    def _placed(self, loaded):
+        """(model, tokenizer) with the model on the actor's device, in its dtype (no copy if it is there already)."""
+        model, tokenizer = loaded
+        return model.to(device=self.device, dtype=self.dtype), tokenizer
 
     async def _queue_requests(self, queue_in) -> None:
         while True:
@@ -196,7 +222,7 @@ class RolloutActor:
 
     async def _serve_batches(self, queue_out, model, tokenizer, completions) -> None:
         """hf: sample what is waiting in one batch, after catching up with the batch's newest min_version."""
-        generator = torch.Generator().manual_seed(self.cfg.seed)
+        generator = device_generator(self.device, self.cfg.seed)
         while True:
             idle_from = time.perf_counter()
             batch = await self._waiting(queue_out)
@@ -213,7 +239,7 @@ class RolloutActor:
 
     async def _serve_snapshots(self, queue_out, tokenizer, completions) -> None:
         """vllm: the snapshot requests that are waiting, in one batch at a time, beside the engine."""
-        generator = torch.Generator().manual_seed(self.cfg.seed)
+        generator = device_generator(self.device, self.cfg.seed)
         while True:
             await self._sample_snapshots(await self._waiting(queue_out), tokenizer, generator, completions)
 
@@ -255,7 +281,8 @@ class RolloutActor:
             if parsed is None or parsed[0] != self.cfg.policy_id or not self.cfg.snapshot_dir:
                 raise SnapshotError(f"{self.name} serves {self.cfg.policy_id!r} and its snapshots "
                                     f"(snapshot_dir={self.cfg.snapshot_dir}), not {policy!r}")
-            model, _ = await trio.to_thread.run_sync(load_snapshot, f"{self.cfg.snapshot_dir}/{policy}")
+            path = f"{self.cfg.snapshot_dir}/{policy}"
+            model, _ = await trio.to_thread.run_sync(lambda: self._placed(load_snapshot(path)))
         except (SnapshotError, OSError) as error:
             self._stats["unknown_policy"] = self._stats.get("unknown_policy", 0) + 1
             log.warning("%s: requests for %s refused: %s", self.name, policy, error)

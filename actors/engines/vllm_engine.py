@@ -5,13 +5,18 @@ coroutines and wait for them without holding a thread each. The engine's schedul
 the model run in processes vLLM spawns (so a script that starts one needs a ``__main__`` guard). Concurrent
 requests are batched by vLLM's scheduler (continuous batching).
 
-Log-probs: the engine runs in the learner's dtype (float32) and reports the log-prob of each sampled token
-after temperature scaling (``logprobs_mode="processed_logprobs"``), the quantity the learner recomputes.
+Log-probs: the engine runs in the rollout's dtype (``auto``: float32 on the CPU, the learner's there, bfloat16 on
+a GPU) and reports the log-prob of each sampled token after temperature scaling
+(``logprobs_mode="processed_logprobs"``), the quantity the learner recomputes.
 
 Weights (`VllmSampler.load`): no new request enters the engine while weights change. Once every submission
 under way has reached the engine, it is paused with every request in flight aborted, the worker reloads its
-weights in place from a safetensors file in a private directory (vLLM's ``reload_weights``; the engine is
-not restarted), and the engine resumes. An aborted request goes on from its prefix: its prompt and the tokens
+weights in place (vLLM's ``reload_weights``; the engine is not restarted), and the engine resumes. With one
+worker (``tensor_parallel_size`` 1, the "uni" executor: the worker lives in the engine's own process) the
+version's bytes go to it over the engine's RPC, in pieces sent while requests in flight go on, and loaded from
+memory (`actors/engines/vllm_worker.py`); with several workers (vLLM's "mp" executor, which would pass every
+worker a copy) they are written once to a file under ``weights_dir`` that every worker maps
+(``weights_in_memory`` overrides the choice). An aborted request goes on from its prefix: its prompt and the tokens
 it has so far are submitted again as the prompt of a new request, with the rest of its token budget. Each
 submission is sampled by exactly one version, so every token is tagged with the version that sampled it.
 """
@@ -29,11 +34,15 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import trio
 
+from actors.engines.devices import check_dtype, resolve_dtype
 from actors.engines.hf import Sample
 
 log = logging.getLogger(__name__)
+
+PIECE_BYTES = 256 * 2**20  # weights sent in memory go in pieces of this size (msgpack carries < 4 GiB a value)
 
 
 class RequestRefused(ValueError):
@@ -42,11 +51,34 @@ class RequestRefused(ValueError):
 
 @dataclass
 class VllmOptions:
-    dtype: str = "float32"  # the learner's dtype: behaviour and learner log-probs then agree to rounding
-    kv_cache_gib: int = 1  # the KV cache's memory (on CPU, of the host's)
+    dtype: str | None = None  # null: the rollout's dtype (auto: bfloat16 on a GPU, float32 on the CPU)
+    kv_cache_gib: float | None = None  # the KV cache's memory; null: gpu_memory_utilization sizes it (CPU: 1 GiB)
+    gpu_memory_utilization: float = 0.9  # share of the GPU's memory for the engine (weights, activations, KV cache)
+    tensor_parallel_size: int = 1  # workers (GPUs; on the CPU, processes) one engine spreads the model over
+    max_num_seqs: int | None = None  # null: the rollout's max_batch
+    enable_prefix_caching: bool | None = None  # null: vLLM's default
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enforce_eager: bool = True  # no torch.compile or graph capture: a start of seconds, not minutes
-    weights_dir: str | None = "/dev/shm"  # where each new version is written for the worker to read
+    # how new weights reach the engine's workers: over its RPC (true) or through a file in weights_dir (false);
+    # null: in memory with one worker, through the file with several (each maps it once, not a copy each)
+    weights_in_memory: bool | None = None
+    weights_dir: str | None = "/dev/shm"  # where each version is written for the workers when not in memory
+
+    def __post_init__(self):
+        if self.dtype is not None:
+            try:
+                check_dtype(self.dtype)
+            except ValueError as error:
+                raise ValueError(f"rollout.args.vllm.dtype: {error}") from None
+        for key, low in (("tensor_parallel_size", 1), ("max_num_seqs", 1)):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or value < low):
+                raise ValueError(f"rollout.args.vllm.{key} must be an integer >= {low}, not {value!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("rollout.args.vllm.gpu_memory_utilization must be in (0, 1], "
+                             f"not {self.gpu_memory_utilization!r}")
+        if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
+            raise ValueError(f"rollout.args.vllm.kv_cache_gib must be > 0 (or null), not {self.kv_cache_gib!r}")
 
 
 class AsyncioThread:
@@ -120,9 +152,12 @@ class VllmSampler:
                  max_seqs: int = 256, seed: int = 0, name: str = "rollout"):
         self.options = options or VllmOptions()
         self.eos_id, self.name, self.version = eos_id, name, 0
-        self.stats = {"submissions": 0, "resumed": 0, "weight_loads": 0, "aborted_in_flight": 0}
+        self.stats = {"submissions": 0, "resumed": 0, "weight_loads": 0, "weight_loads_in_memory": 0,
+                      "weight_loads_from_file": 0, "aborted_in_flight": 0}
+        self.in_memory = (self.options.tensor_parallel_size == 1 if self.options.weights_in_memory is None
+                          else self.options.weights_in_memory)  # how `load` moves weights (module docstring)
         self._ids = itertools.count()
-        self._weights_dir = Path(tempfile.mkdtemp(prefix=f"tidal-vllm-{name}-", dir=self.options.weights_dir))
+        self._weights_dir: Path | None = None  # made on the first load through a file
         self._submitting = 0  # submissions on their way into the engine
         self._loading = False
         self._changed = trio.Event()  # set (and replaced) whenever _submitting or _loading changes
@@ -137,14 +172,14 @@ class VllmSampler:
                "OMP_NUM_THREADS": str(threads), "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
         with _environment(env):
             from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
             from vllm.v1.engine.async_llm import AsyncLLM
 
-            o = self.options
             return AsyncLLM.from_engine_args(AsyncEngineArgs(
-                model=model_path, dtype=o.dtype, seed=seed, max_model_len=o.max_model_len,
-                max_num_seqs=max_seqs, kv_cache_memory_bytes=o.kv_cache_gib * 2**30, enforce_eager=o.enforce_eager,
-                logprobs_mode="processed_logprobs", disable_log_stats=True, distributed_executor_backend="uni",
-                use_tqdm_on_load=False))
+                model=model_path, seed=seed, max_num_seqs=self.options.max_num_seqs or max_seqs,
+                logprobs_mode="processed_logprobs", disable_log_stats=True, use_tqdm_on_load=False,
+                worker_extension_cls="actors.engines.vllm_worker.WeightsFromMemory",
+                **engine_options(self.options, on_cpu=current_platform.is_cpu())))
 
     async def sample(self, prompt: list[int], *, temperature: float, max_tokens: int) -> Sample:
         """A continuation of ``prompt``, resumed from its prefix whenever new weights interrupt it."""
@@ -209,34 +244,52 @@ class VllmSampler:
         changed, self._changed = self._changed, trio.Event()
         changed.set()
 
-    async def load(self, version: int, data) -> None:
-        """Load weights ``version`` (a safetensors buffer, checked) in place; requests in flight resume."""
+    async def load(self, version: int, data, *, in_memory: bool | None = None) -> None:
+        """Load weights ``version`` (a safetensors buffer, checked) in place; requests in flight resume.
+        ``in_memory``: over the engine's RPC (True) or through a file (False); None: ``self.in_memory``."""
+        in_memory = self.in_memory if in_memory is None else in_memory
         self._loading = True
         self._notify()
         try:
-            await trio.to_thread.run_sync(self._write, data)
+            if in_memory:  # sent while the engine generates; loaded once it is paused
+                view = memoryview(data).cast("B")
+                for offset in range(0, len(view), PIECE_BYTES):
+                    await self._thread.run(self._engine.collective_rpc(
+                        "tidal_stage_weights", args=(version, offset, len(view), view[offset:offset + PIECE_BYTES])))
+            else:
+                await trio.to_thread.run_sync(self._write, data)
             while self._submitting:
                 await self._changed.wait()
             in_flight = self._engine.get_num_unfinished_requests()
-            await self._thread.run(self._reload())
+            if in_memory:
+                await self._thread.run(self._reload("tidal_load_staged_weights", {"version": version}))
+            else:
+                await self._thread.run(self._reload("reload_weights", {"weights_path": str(self._weights_dir)}))
             self.version = version
             self.stats["weight_loads"] += 1
+            self.stats["weight_loads_in_memory" if in_memory else "weight_loads_from_file"] += 1
             self.stats["aborted_in_flight"] += in_flight
         finally:
             self._loading = False
             self._notify()
 
     def _write(self, data) -> None:
+        if self._weights_dir is None:
+            self._weights_dir = Path(tempfile.mkdtemp(prefix=f"tidal-vllm-{self.name}-", dir=self.options.weights_dir))
         partial = self._weights_dir / "model.safetensors.partial"
         partial.write_bytes(memoryview(data))
         partial.rename(self._weights_dir / "model.safetensors")
 
-    async def _reload(self) -> None:
+    async def _reload(self, method: str, kwargs: dict) -> None:
         await self._engine.pause_generation(mode="abort", clear_cache=True)
         try:
-            await self._engine.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
+            await self._engine.collective_rpc(method, kwargs=kwargs)
         finally:
             await self._engine.resume_generation()
+
+    async def weight_checksums(self) -> list[dict[str, str]]:
+        """A digest of every parameter the engine's workers hold (one dict a worker)."""
+        return await self._thread.run(self._engine.compute_weight_checksums())
 
     def close(self) -> None:
         try:
@@ -245,4 +298,19 @@ class VllmSampler:
             self._engine = None  # collected now, not at interpreter exit (where its __del__ fails)
         finally:
             self._thread.close()
-            shutil.rmtree(self._weights_dir, ignore_errors=True)
+            if self._weights_dir is not None:
+                shutil.rmtree(self._weights_dir, ignore_errors=True)
+
+
+def engine_options(o: VllmOptions, *, on_cpu: bool) -> dict:
+    """The AsyncEngineArgs that ``o`` sets, for an engine on the CPU (vLLM's CPU build) or on GPUs."""
+    kv_cache_gib = 1 if o.kv_cache_gib is None and on_cpu else o.kv_cache_gib
+    dtype = resolve_dtype(o.dtype or "auto", torch.device("cpu" if on_cpu else "cuda"))
+    return dict(
+        dtype=str(dtype).removeprefix("torch."), max_model_len=o.max_model_len, enforce_eager=o.enforce_eager,
+        # on a GPU a null kv_cache_gib leaves the KV cache to gpu_memory_utilization; on the CPU a size is given
+        kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
+        gpu_memory_utilization=o.gpu_memory_utilization, enable_prefix_caching=o.enable_prefix_caching,
+        tensor_parallel_size=o.tensor_parallel_size,
+        # "uni" (the worker in the engine's process) serves one worker only; several need vLLM's "mp" executor
+        distributed_executor_backend="uni" if o.tensor_parallel_size == 1 else "mp")

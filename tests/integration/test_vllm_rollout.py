@@ -186,6 +186,35 @@ def test_requests_in_flight_resume_from_their_prefix_with_new_weights(rig, token
     assert wrong_gap > 20 * TOLERANCE
 
 
+def test_weights_loaded_in_memory_and_from_a_file_are_the_same_weights(rig, tokenizer, tiny_model_dir):
+    """The actor's loads go to the engine's worker in memory (one worker); the file path (several workers) loads
+    the same bytes to the same parameters, and the engine then samples with the log-probs the learner computes."""
+    sampler = rig.rollout._sampler
+    assert sampler.in_memory
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel() + 1)) * 0.05)
+    version, before = rig.rollout.statistics()["version"] + 1, dict(sampler.stats)
+    held_before = rig.run(sampler.weight_checksums)
+
+    rig.run(rig.publish, version, model)  # the actor's own path
+    assert sampler.stats["weight_loads_in_memory"] == before["weight_loads_in_memory"] + 1
+    assert sampler.stats["weight_loads_from_file"] == before["weight_loads_from_file"]
+    in_memory = rig.run(sampler.weight_checksums)
+    assert in_memory != held_before
+
+    rig.run(sampler.load, version, bytearray(weights_to_bytes(model)), in_memory=False)  # the same version again
+    assert sampler.stats["weight_loads_from_file"] == before["weight_loads_from_file"] + 1
+    assert rig.run(sampler.weight_checksums) == in_memory
+
+    prompts = boards(tokenizer, 8)
+    completions = rig.run(rig.generate, prompts, temperature=0.7)
+    assert all(set(c.versions) == {version} for c in completions)
+    gap = behaviour_gap(model, single_turn_batch(prompts, completions, pad_id=tokenizer.pad_token_id), 0.7)
+    assert gap <= TOLERANCE
+
+
 def test_a_request_waits_for_the_weights_of_its_min_version(rig, tokenizer, tiny_model_dir):
     version = rig.rollout.statistics()["version"]
     waits = rig.rollout.statistics()["version_waits"]
@@ -245,3 +274,35 @@ def test_snapshots_are_sampled_beside_the_engine_with_their_own_weights(rig, tok
             logps = torch.log_softmax(model(ids).logits[0, len(prompt) - 1:-1].float(), -1)
         picked = logps.gather(-1, torch.tensor(completion.token_ids)[:, None])[:, 0]
         assert picked.tolist() == pytest.approx(completion.logprobs, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_an_engine_of_two_workers_loads_weights_through_the_file_or_in_memory(tiny_model_dir):
+    """tensor_parallel_size=2 (vLLM's "mp" executor; its CPU build can): weights go through a file by default,
+    and in memory on request, to the same parameters in both workers."""
+    from actors.engines.vllm_engine import VllmOptions, VllmSampler
+
+    sampler = VllmSampler(str(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir).eos_token_id,
+                          options=VllmOptions(tensor_parallel_size=2, kv_cache_gib=0.25), name="tp2")
+    try:
+        assert not sampler.in_memory
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        data = bytearray(weights_to_bytes(model))
+
+        async def load_both_ways():
+            held = await sampler.weight_checksums()
+            await sampler.load(1, data)
+            from_file = await sampler.weight_checksums()
+            await sampler.load(1, data, in_memory=True)
+            return held, from_file, await sampler.weight_checksums(), await sampler.sample([5, 6, 7], temperature=1.0,
+                                                                                           max_tokens=4)
+
+        held, from_file, in_memory, s = trio.run(load_both_ways)
+        assert len(held) == 2 and held != from_file and from_file == in_memory
+        assert sampler.stats["weight_loads_from_file"] == sampler.stats["weight_loads_in_memory"] == 1
+        assert s.versions == [1] * len(s.tokens) and s.tokens
+    finally:
+        sampler.close()

@@ -8,7 +8,7 @@ import trio
 from actors.cli import load_config
 from actors.config import built_args
 from actors.rollout import RolloutConfig
-from actors.engines.vllm_engine import AsyncioThread, VllmOptions
+from actors.engines.vllm_engine import AsyncioThread, VllmOptions, engine_options
 
 
 @pytest.fixture
@@ -70,3 +70,34 @@ def test_the_backend_is_chosen_in_the_rollout_config():
         RolloutConfig(model_path="m", latency_s=-1)
     with pytest.raises(ValueError, match="latency_s is emulated by the hf backend only"):
         RolloutConfig(model_path="m", backend="vllm", latency_s=0.1)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(tensor_parallel_size=0), r"vllm\.tensor_parallel_size must be an integer >= 1, not 0"),
+    (dict(max_num_seqs=0), r"vllm\.max_num_seqs must be an integer >= 1, not 0"),
+    (dict(gpu_memory_utilization=1.2), r"vllm\.gpu_memory_utilization must be in \(0, 1\], not 1\.2"),
+    (dict(kv_cache_gib=0), r"vllm\.kv_cache_gib must be > 0 \(or null\), not 0"),
+    (dict(dtype="fp8"), r"vllm\.dtype: unknown dtype 'fp8'"),
+])
+def test_bad_vllm_options_fail_naming_the_key(options, message):
+    with pytest.raises(ValueError, match=message):
+        VllmOptions(**options)
+
+
+def test_vllm_engine_options_on_the_cpu_keep_todays_engine():
+    args = engine_options(VllmOptions(), on_cpu=True)
+    assert args["dtype"] == "float32" and args["kv_cache_memory_bytes"] == 2**30
+    assert args["distributed_executor_backend"] == "uni" and args["tensor_parallel_size"] == 1
+    assert args["enable_prefix_caching"] is None  # vLLM's default
+    assert engine_options(VllmOptions(kv_cache_gib=0.5, dtype="bf16"), on_cpu=True)["kv_cache_memory_bytes"] == 2**29
+    several = engine_options(VllmOptions(tensor_parallel_size=2), on_cpu=True)  # vLLM's CPU build can
+    assert several["distributed_executor_backend"] == "mp" and several["tensor_parallel_size"] == 2
+
+
+def test_vllm_engine_options_on_gpus_leave_the_kv_cache_to_the_memory_share():
+    args = engine_options(VllmOptions(gpu_memory_utilization=0.6, enable_prefix_caching=True), on_cpu=False)
+    assert args["dtype"] == "bfloat16" and args["kv_cache_memory_bytes"] is None
+    assert args["gpu_memory_utilization"] == 0.6 and args["enable_prefix_caching"] is True
+    several = engine_options(VllmOptions(tensor_parallel_size=4, kv_cache_gib=8, dtype="float16"), on_cpu=False)
+    assert several["distributed_executor_backend"] == "mp" and several["tensor_parallel_size"] == 4
+    assert several["kv_cache_memory_bytes"] == 8 * 2**30 and several["dtype"] == "float16"
