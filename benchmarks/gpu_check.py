@@ -145,23 +145,10 @@ def measure_generation(model, args, token_range: int, eos_id: int, pad_id: int, 
     generator = torch.Generator().manual_seed(1)
     prompts = torch.randint(2, token_range, (args.gen_batch, PROMPT_TOKENS), generator=generator).tolist()
 
-    placed = True  # hf.sample puts its own tensors on the model's device
+    def generate(max_new_tokens: int):  # hf.sample puts its own tensors on the model's device
+        return sample(model, prompts, eos_id=eos_id, pad_id=pad_id, max_new_tokens=max_new_tokens)
 
-    def generate(max_new_tokens: int):
-        if placed:
-            return sample(model, prompts, eos_id=eos_id, pad_id=pad_id, max_new_tokens=max_new_tokens)
-        with torch.device(device):  # the default device for new tensors, for a sample that does not place them
-            return sample(model, prompts, eos_id=eos_id, pad_id=pad_id, max_new_tokens=max_new_tokens)
-
-    try:
-        generate(2)  # warm-up
-    except RuntimeError as error:  # hf.sample before it was made device-aware (issue 28, part 1)
-        if isinstance(error, torch.OutOfMemoryError) or "device" not in str(error):
-            raise
-        placed = False
-        print(f"gpu_check: hf.sample does not place its tensors on {device}; measured with torch.device({device!r}) "
-              "as the default device (its dispatch overhead counts)", flush=True)
-        generate(2)
+    generate(2)  # warm-up
     synchronize(device)
     started = time.perf_counter()
     samples = generate(args.gen_tokens)

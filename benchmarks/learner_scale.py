@@ -43,14 +43,14 @@ def batch_table(seed: int, rows: int, vocab: int, prompt=(16, 48), action=(4, 16
     rng = random.Random(seed)
     out = []
     for i in range(rows):
-        n = rng.randint(*action)
+        n, reward = rng.randint(*action), rng.choice([-1.0, 0.0, 1.0])
         out.append({Columns.EPISODE_ID: f"e{seed}-{i // 2}", Columns.ENV_NAME: "synthetic", Columns.SEED: 0,
                     Columns.TURN: i % 2, Columns.AGENT: i % 2, Columns.MATCHUP: "self", Columns.POLICY_ID: "main",
                     Columns.PROMPT_IDS: [rng.randrange(2, vocab) for _ in range(rng.randint(*prompt))],
                     Columns.ACTION_IDS: [rng.randrange(2, vocab) for _ in range(n)], Columns.ACTION_TEXT: "",
                     Columns.BEHAVIOUR_LOGPROBS: [-rng.uniform(5.5, 7.0) for _ in range(n)],
-                    Columns.POLICY_VERSIONS: [0] * n, Columns.REWARD: 0.0, Columns.TERMINATED: True,
-                    Columns.TRUNCATED: False, Columns.EPISODE_RETURN: rng.choice([-1.0, 0.0, 1.0]),
+                    Columns.POLICY_VERSIONS: [0] * n, Columns.REWARD: reward, Columns.TERMINATED: True,
+                    Columns.TRUNCATED: False, Columns.EPISODE_RETURN: reward,
                     Columns.INVALID_ACTION: False, Columns.CREATED_AT: 0.0, Columns.GENERATED_AT: 0.0,
                     Columns.SCORED_AT: 0.0})
     return trajectory_table(out)
@@ -139,8 +139,12 @@ def main() -> None:
     one = trainer_processes.train(cfg, 1, tables)
     two = trainer_processes.train(cfg, 2, tables)
     dp2_diff = largest_difference(one["weights"], two["weights"])
+    moved = largest_difference(one["weights"], trainer_processes.train(cfg, 1, [])["weights"])
+    if moved < 1e-4:
+        raise SystemExit(f"the updates did not move the weights ({moved:.1e}): nothing to compare")
     memory_ratio = max(state_bytes(m) for m in two["memory"]) / state_bytes(one["memory"][0])
-    print(f"2 gloo ranks vs 1: largest weight difference {dp2_diff:.2e} after two updates; per-rank state "
+    print(f"2 gloo ranks vs 1: largest weight difference {dp2_diff:.2e} after two updates (which moved a weight "
+          f"by up to {moved:.2e}); per-rank state "
           f"{[state_bytes(m) / 2**20 for m in two['memory']]} MiB vs {state_bytes(one['memory'][0]) / 2**20:.0f} MiB "
           f"({time.perf_counter() - started:.0f} s)", flush=True)
 
