@@ -5,7 +5,7 @@
 The default job (self-play TicTacToe) on an embedded Ray cluster, with the env actors' ledgers on: each writes
 the id of every training episode the reward actor acknowledged. One actor of each kind (reward, replay, learner,
 an env actor, a rollout actor) is killed with SIGKILL, in a random order at random times (each after the
-previous one is back), and the run asks for 4 rollout actors, later 2, and for 3 env actors, later 2 (a leaving
+previous one is back; with ``learner.ranks=2`` the learner's victim is one of its ranks), and the run asks for 4 rollout actors, later 2, and for 3 env actors, later 2 (a leaving
 env actor first delivers the episodes it started). At the end every episode is accounted
 for by id: produced (in a ledger), consumed (in a batch the learner's final checkpoint had consumed), still
 held by replay, lost (produced and nowhere) and duplicated (trained more than once). The time to recover from
@@ -64,7 +64,9 @@ def wait_for(predicate, what: str, timeout: float = 300.0) -> None:
 def victim(run: Driver, kind: str, rng: random.Random) -> str:
     top = run.top
     group = top.groups[run.cfg.run.policy_id]
-    return {"reward": group.reward, "replay": group.replay, "learner": group.learner,
+    # a learner group (learner.ranks > 1): any of its ranks (the group restarts as a whole)
+    learner = rng.choice(group.learner_group()) if group.learner_ranks else group.learner
+    return {"reward": group.reward, "replay": group.replay, "learner": learner,
             "env": rng.choice(top.envs), "rollout": rng.choice(group.rollouts)}[kind]
 
 

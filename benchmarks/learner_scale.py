@@ -11,6 +11,11 @@ same synthetic batches:
   action tokens per second, taking turns in one process;
 - each rank's parameter, gradient and optimizer-state bytes with 2 ranks against 1.
 Last line: ``params_m=<n> dp2_update_diff=<x> microbatch_diff=<x> learner_vs_plain=<x> dp2_state_mem_ratio=<x>``.
+
+The weights' differences are fp32 rounding (another order of summation: gradients summed over ranks or over
+micro-batches), amplified by AdamW where a gradient is near its epsilon (the update of such a weight is about
+lr * g / (|g| + eps)): they grow with the learning rate. At ``--lr 5e-4`` (the tiny default job's) both are about
+2e-5 for weights that moved 1e-3 to 2e-3; at 1e-5, a learning rate of RL at real sizes, about 4e-7.
 """
 
 from __future__ import annotations
@@ -122,6 +127,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="turns of the throughput comparison")
     parser.add_argument("--budget", type=int, default=256, help="the small micro-batch token budget")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--lr", type=float, default=1e-5, help="AdamW's learning rate (RL at real sizes: 1e-6 to "
+                        "1e-5; the weights' differences grow with it, see the module's docstring)")
     parser.add_argument("--cache-dir", default="~/.cache/tidal/models")
     args = parser.parse_args()
     shape = ModelShape(tokenizer_env="builtin")
@@ -130,8 +137,9 @@ def main() -> None:
 
     params = parameter_count(AutoModelForCausalLM.from_pretrained(model_dir))
     vocab = len(AutoTokenizer.from_pretrained(model_dir))
-    print(f"model: {model_dir.name}, {params / 1e6:.1f} M parameters; {args.rows} rows a batch", flush=True)
-    cfg = LearnerConfig(model_path=str(model_dir), lr=5e-4, device="cpu", threads=args.threads, seed=0,
+    print(f"model: {model_dir.name}, {params / 1e6:.1f} M parameters; {args.rows} rows a batch; lr {args.lr:g}",
+          flush=True)
+    cfg = LearnerConfig(model_path=str(model_dir), lr=args.lr, device="cpu", threads=args.threads, seed=0,
                         objective=Objective(minibatches=2, advantage="grpo"))
     tables = [batch_table(seed, args.rows, vocab) for seed in range(2)]
 
@@ -140,7 +148,7 @@ def main() -> None:
     two = trainer_processes.train(cfg, 2, tables)
     dp2_diff = largest_difference(one["weights"], two["weights"])
     moved = largest_difference(one["weights"], trainer_processes.train(cfg, 1, [])["weights"])
-    if moved < 1e-4:
+    if moved < args.lr:  # an AdamW step moves a weight by about lr
         raise SystemExit(f"the updates did not move the weights ({moved:.1e}): nothing to compare")
     memory_ratio = max(state_bytes(m) for m in two["memory"]) / state_bytes(one["memory"][0])
     print(f"2 gloo ranks vs 1: largest weight difference {dp2_diff:.2e} after two updates (which moved a weight "

@@ -73,25 +73,15 @@ def tiny_model_config(cfg) -> TinyModelConfig:
 
 
 def make_model(tokenizer, cfg: TinyModelConfig):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """The tiny model: a Llama shape of ``cfg``'s sizes, its embedding as long as the tokenizer, random weights."""
+    from actors.engines.random_model import ModelShape, make_random_model
 
     if cfg.hidden_size // cfg.heads < 32:
         raise ValueError(f"head_dim {cfg.hidden_size // cfg.heads} < 32: vLLM's CPU attention needs >= 32")
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads,
-        num_key_value_heads=cfg.heads,
-        max_position_embeddings=cfg.max_positions,
-        tie_word_embeddings=cfg.tie_embeddings,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    torch.manual_seed(cfg.seed)
-    return LlamaForCausalLM(config)
+    return make_random_model(tokenizer, ModelShape(
+        architecture="llama", hidden_size=cfg.hidden_size, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.heads,
+        intermediate_size=cfg.intermediate_size, vocab_size=len(tokenizer), max_positions=cfg.max_positions,
+        tie_embeddings=cfg.tie_embeddings, tokenizer_vocab=len(tokenizer), seed=cfg.seed))
 
 
 def demonstrations(env_name: str, games: int, seed: int, env_args: dict | None = None,

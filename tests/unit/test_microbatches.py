@@ -75,3 +75,21 @@ def test_the_update_does_not_depend_on_how_the_batch_was_cut(minibatches):
     assert moved > 1e-4 and diff <= 1e-5, (moved, diff)
     for key in ("pg_loss", "clip_fraction", "logprob_gap", "grad_norm"):
         assert cut_stats[key] == pytest.approx(whole_stats[key], rel=1e-4, abs=1e-6), key
+
+
+def test_activation_checkpointing_recomputes_the_same_update():
+    base = tiny_llama()
+    models = []
+    for checkpointing in (False, True):
+        model = copy.deepcopy(base)
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+            model.config.use_cache = False
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        policy_gradient_step(model, optimizer, random_batch(), Objective(minibatches=2, advantage="grpo"),
+                             TrainerState(), temperature=1.0, generator=torch.Generator().manual_seed(0),
+                             max_tokens_per_microbatch=64)
+        models.append(model)
+    assert models[1].is_gradient_checkpointing and not models[0].is_gradient_checkpointing
+    diff = max((a - b).abs().max().item() for a, b in zip(models[0].parameters(), models[1].parameters()))
+    assert diff <= 1e-6
