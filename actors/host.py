@@ -18,6 +18,9 @@ from streams.channels import MemoryTransport, ZmqTransport
 from streams.security import CurveKeys
 
 log = logging.getLogger(__name__)
+# how long a stopping loop may take: a learner finishes the update under way and writes its last checkpoint
+# (minutes for a model of real size on a CPU); a loop cut off earlier would lose them
+STOP_TIMEOUT_S = 600.0
 
 
 class _LoopThread:
@@ -53,12 +56,16 @@ class _LoopThread:
             raise RuntimeError(f"the actor loop has stopped: {self._error!r}") from self._error
         return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         try:
             trio.from_thread.run_sync(self.nursery.cancel_scope.cancel, trio_token=self.token)
         except trio.RunFinishedError:
             pass
-        self._thread.join(timeout)
+        self._thread.join(min(timeout, 5.0))
+        if self._thread.is_alive():
+            log.info("%s: waiting for its loop to end (a learner finishes its update and writes its checkpoint)",
+                     self._thread.name)
+            self._thread.join(max(timeout - 5.0, 0.0))
 
 
 class ActorHost:

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 
 from actors.config import RaySection, RunSection
-from actors.host import ActorHost, LocalCluster
+from actors.host import STOP_TIMEOUT_S, ActorHost, LocalCluster
 from streams.security import is_loopback
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ class RayCluster:
     def shutdown(self) -> None:
         stops = [handle.stop.remote() for handle in self.handles.values()]
         try:
-            self.ray.get(stops, timeout=30)
+            self.ray.get(stops, timeout=STOP_TIMEOUT_S)
         except Exception as error:  # an actor that already died cannot stop; say so and go on
             log.warning("not every actor stopped cleanly: %s", error)
         for handle in self.handles.values():
