@@ -11,7 +11,6 @@ Everything downstream loads it with ``from_pretrained``: the same path a real mo
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -21,12 +20,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import trio
-from trio.testing import MockClock
 
 from actors.engines.tokenizer import make_tokenizer
+from actors.engines.transcripts import demonstrations
 from algos.losses import sft_loss
-from envs.registry import make, make_opponent
+from envs.registry import make
 
 log = logging.getLogger(__name__)
 
@@ -82,39 +80,6 @@ def make_model(tokenizer, cfg: TinyModelConfig):
         architecture="llama", hidden_size=cfg.hidden_size, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.heads,
         intermediate_size=cfg.intermediate_size, vocab_size=len(tokenizer), max_positions=cfg.max_positions,
         tie_embeddings=cfg.tie_embeddings, tokenizer_vocab=len(tokenizer), seed=cfg.seed))
-
-
-def demonstrations(env_name: str, games: int, seed: int, env_args: dict | None = None,
-                   expert_share: float = 0.0) -> list[tuple[str, str]]:
-    """(prompt, answer) pairs from episodes where every seat plays a random legal action, or with probability
-    ``expert_share`` the environment's ``expert_action()`` when it has one (and it names a move: None is no
-    opinion, and a random legal action is played).
-
-    Episodes run on a trio loop with a mock clock, so an environment whose steps sleep (a slow tool) costs
-    no wall time here.
-    """
-    rng = random.Random(seed)
-    opponent = make_opponent("random", seed=seed)
-
-    async def play_all() -> list[tuple[str, str]]:
-        pairs = []
-        for _ in range(games):
-            game = make(env_name, **(env_args or {}))
-            game.reset(rng.randrange(2**31))
-            expert = getattr(game, "expert_action", None)
-            done = False
-            while not done:
-                prompt = game.observation(game.current_player)
-                use_expert = expert is not None and rng.random() < expert_share
-                action = (expert() if use_expert else None) or opponent.act(game)
-                pairs.append((prompt, action))
-                result = game.step(action)
-                if inspect.isawaitable(result):
-                    result = await result
-                done = result.terminated or result.truncated
-        return pairs
-
-    return trio.run(play_all, clock=MockClock(autojump_threshold=0))
 
 
 def warm_up(model, tokenizer, pairs: list[tuple[str, str]], cfg: TinyModelConfig) -> list[float]:

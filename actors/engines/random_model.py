@@ -129,7 +129,7 @@ def builtin_corpus(lines: int = 4000, seed: int = 0) -> list[str]:
 def tokenizer_corpus(shape: ModelShape) -> list[str]:
     if shape.tokenizer_env == BUILTIN:
         return builtin_corpus(seed=shape.seed)
-    from actors.engines.base_model import demonstrations  # plays the environment (on trio)
+    from actors.engines.transcripts import demonstrations  # plays the environment (on trio)
 
     pairs = demonstrations(shape.tokenizer_env, CORPUS_GAMES, shape.seed, shape.tokenizer_env_args)
     return [text for pair in pairs for text in pair]
