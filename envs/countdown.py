@@ -4,51 +4,88 @@ The agent gets ``size`` numbers (from 1-10, 25, 50, 75, 100) and a target that s
 answers with one expression in brackets, e.g. ``[(25 - 5) * 4]``, using each given number at most once (as
 often as it is given). The verifier parses the expression (numbers, + - * /, parentheses: nothing else is
 evaluated) and computes it in exact fractions: reward 1 if it equals the target, else 0, and the episode
-ends. An expression that cannot be read is invalid; one that uses other numbers is a wrong answer.
+ends. An expression that cannot be read is invalid (so is a number of more than ``MAX_DIGITS`` digits); one
+that uses other numbers is a wrong answer, decided before anything is computed.
+
+The parser is one pass with explicit stacks (shunting-yard), no ``eval`` and no recursion: a sum of 100,000
+terms or 100,000 nested parentheses is read in time linear in its length, never a ``RecursionError``.
 """
 
 from __future__ import annotations
 
-import ast
 import operator
 import random
+import re
 from collections import Counter
 from fractions import Fraction
 
-from envs.actions import bracket, first_move
+from envs.actions import bracket, first_move, read_int
 
 POOL = (*range(1, 11), 25, 50, 75, 100)
-OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-SYMBOLS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+ALLOWED = frozenset("0123456789+-*/() ")
+TOKEN = re.compile(r"[0-9]+|[^ ]")
+
+Postfix = tuple[int | str, ...]  # numbers and operator symbols, in evaluation order
 
 
-def parse_expression(text: str) -> ast.expr | None:
-    """The expression's syntax tree if it is only whole numbers, + - * / and parentheses; else None."""
-    if not text or set(text) - set("0123456789+-*/() "):
+def parse_expression(text: str) -> Postfix | None:
+    """The expression in postfix order if it is only whole numbers, + - * / and parentheses (no unary
+    signs); else None."""
+    if not text or not ALLOWED.issuperset(text):
         return None
-    try:
-        tree = ast.parse(text, mode="eval").body
-    except SyntaxError:
+    out: list[int | str] = []
+    pending: list[str] = []  # operators and open parentheses not yet written out
+    operand_next = True
+    for token in TOKEN.findall(text):
+        if token[0].isdigit():
+            number = read_int(token)
+            if not operand_next or number is None:
+                return None
+            out.append(number)
+            operand_next = False
+        elif token == "(":
+            if not operand_next:
+                return None
+            pending.append(token)
+        elif token == ")":
+            if operand_next:
+                return None
+            while pending and pending[-1] != "(":
+                out.append(pending.pop())
+            if not pending:
+                return None
+            pending.pop()
+        else:  # + - * /, left-associative
+            if operand_next:
+                return None
+            while pending and pending[-1] != "(" and PRECEDENCE[pending[-1]] >= PRECEDENCE[token]:
+                out.append(pending.pop())
+            pending.append(token)
+            operand_next = True
+    if operand_next or "(" in pending:
         return None
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.BinOp, ast.Constant, *OPS)) or (
-                isinstance(node, ast.Constant) and not isinstance(node.value, int)):
+    return (*out, *reversed(pending))
+
+
+def evaluate(expression: Postfix) -> Fraction | None:
+    """Exact value of a parsed expression; None on division by zero. (``step`` computes only expressions of
+    the given numbers: a product of thousands of numbers would be slow, and its text too long for ``str``.)"""
+    stack: list[Fraction] = []
+    for item in expression:
+        if isinstance(item, int):
+            stack.append(Fraction(item))
+            continue
+        right, left = stack.pop(), stack.pop()
+        if item == "/" and right == 0:
             return None
-    return tree
+        stack.append(OPS[item](left, right))
+    return stack[0]
 
 
-def evaluate(tree: ast.expr) -> Fraction | None:
-    """Exact value of a parsed expression; None on division by zero."""
-    if isinstance(tree, ast.Constant):
-        return Fraction(tree.value)
-    left, right = evaluate(tree.left), evaluate(tree.right)
-    if left is None or right is None or (isinstance(tree.op, ast.Div) and right == 0):
-        return None
-    return OPS[type(tree.op)](left, right)
-
-
-def numbers_used(tree: ast.expr) -> Counter:
-    return Counter(node.value for node in ast.walk(tree) if isinstance(node, ast.Constant))
+def numbers_used(expression: Postfix) -> Counter:
+    return Counter(item for item in expression if isinstance(item, int))
 
 
 class Countdown:
@@ -75,18 +112,18 @@ class Countdown:
         text, value = str(chosen[0]), Fraction(chosen[0])
         for n in chosen[1:]:
             op = rng.choice(list(OPS))
-            if op is ast.Div and value % n:
-                op = ast.Add
-            text, value = f"({text} {SYMBOLS[op]} {n})", OPS[op](value, Fraction(n))
+            if op == "/" and value % n:
+                op = "+"
+            text, value = f"({text} {op} {n})", OPS[op](value, Fraction(n))
         return text, value
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        tree = first_move(action, parse_expression)
-        if tree is None:
+        expression = first_move(action, parse_expression)
+        if expression is None:
             reason = "one expression of the numbers with + - * / and parentheses, in brackets"
             return self._observation(), 0.0, False, False, {"invalid_action": True, "reason": reason}
-        value = evaluate(tree)
-        allowed = not (numbers_used(tree) - Counter(self.numbers))
+        allowed = not (numbers_used(expression) - Counter(self.numbers))
+        value = evaluate(expression) if allowed else None  # at most ``size`` small numbers: cheap
         correct = allowed and value == self.target
         return ("Correct." if correct else "Wrong."), float(correct), True, False, {
             "correct": correct, "value": None if value is None else str(value), "numbers_allowed": allowed}

@@ -2,14 +2,15 @@
 
 A hidden whole number lies in ``low..high``. Each turn the agent guesses, e.g. ``[37]``, and hears whether
 the number is higher or lower. Finding it ends the episode with reward 1; after ``max_turns`` wrong guesses
-it is truncated with reward 0. A guess that is unreadable or out of range is invalid and changes nothing.
+it is truncated with reward 0. A guess that is unreadable (``[--5]``, ``[²]``, more digits than the bounds
+have) or out of range is invalid and changes nothing.
 """
 
 from __future__ import annotations
 
 import random
 
-from envs.actions import bracket, first_move
+from envs.actions import MAX_DIGITS, bracket, first_move, read_int
 
 
 class GuessNumber:
@@ -19,6 +20,7 @@ class GuessNumber:
         if low >= high or max_turns < 1:
             raise ValueError(f"need low < high and max_turns >= 1, got low={low} high={high} max_turns={max_turns}")
         self.low, self.high, self.max_turns = low, high, max_turns
+        self._digits = max(MAX_DIGITS, len(str(abs(low))), len(str(abs(high))))
 
     def reset(self, seed: int | None = None) -> tuple[str, dict]:
         self.target = random.Random(seed).randint(self.low, self.high)
@@ -26,7 +28,7 @@ class GuessNumber:
         return self._observation(), {}
 
     def _read(self, inside: str) -> int | None:
-        number = int(inside) if inside.lstrip("-").isdigit() else None
+        number = read_int(inside, signed=True, max_digits=self._digits)
         return number if number is not None and self.low <= number <= self.high else None
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:

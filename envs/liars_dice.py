@@ -6,13 +6,15 @@ on the whole table show a face: ``[bid 3 5]`` says "at least three fives". A bid
 with ``[liar]``: all dice are shown; if the bid holds, the challenger loses a die, otherwise the bidder
 does. The loser opens the next round (or the next player, if it is out of dice); everyone rolls again.
 There are no wild faces. The last player with dice wins: +1, every other player -1/(players-1).
+A move that is not ``[liar]`` on an open bid or a higher bid in ASCII digits (``envs.actions.read_int``) is
+invalid.
 """
 
 from __future__ import annotations
 
 import random
 
-from envs.actions import bracket, first_move
+from envs.actions import bracket, first_move, read_int
 from envs.base import StepResult
 
 FACES = range(1, 7)
@@ -77,10 +79,12 @@ class LiarsDice:
         if inside == "liar":
             return ("liar",) if self.bid else None
         parts = inside.split()
-        if len(parts) == 3 and parts[0] == "bid" and parts[1].isdigit() and parts[2].isdigit():
-            quantity, face = int(parts[1]), int(parts[2])
-            return ("bid", quantity, face) if self._raises(quantity, face) else None
-        return None
+        if len(parts) != 3 or parts[0] != "bid":
+            return None
+        quantity, face = read_int(parts[1]), read_int(parts[2])
+        if quantity is None or face is None or not self._raises(quantity, face):
+            return None
+        return ("bid", quantity, face)
 
     def step(self, action_text: str) -> StepResult:
         if self.done:

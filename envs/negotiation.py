@@ -10,18 +10,19 @@ Each player starts with 1 to 5 units of wood, stone and gold, and values each un
 
 After ``max_turns`` moves the game ends. A player's gain is the value of its inventory, at its own prices,
 minus what it started with; the larger gain wins (+1, the other -1; equal gains draw, 0 each).
+
+A move that cannot be read is invalid, and so is an offer that asks for more of a resource than the table
+holds (both players' units together): quantities are ASCII digits (``envs.actions.read_int``).
 """
 
 from __future__ import annotations
 
 import random
-import re
 
-from envs.actions import bracket, first_move
+from envs.actions import bracket, first_move, read_int
 from envs.base import StepResult
 
 RESOURCES = ("wood", "stone", "gold")
-ITEM = re.compile(r"^(\d+) (wood|stone|gold)$")
 
 
 def _bundle(text: str) -> dict[str, int] | None:
@@ -31,10 +32,10 @@ def _bundle(text: str) -> dict[str, int] | None:
         return None
     bundle: dict[str, int] = {}
     for i in range(0, len(words), 2):
-        match = ITEM.match(f"{words[i]} {words[i + 1].rstrip('s') if words[i + 1] != 'gold' else 'gold'}")
-        if match is None or int(match.group(1)) == 0:
+        count, resource = read_int(words[i]), words[i + 1] if words[i + 1] == "gold" else words[i + 1].rstrip("s")
+        if not count or resource not in RESOURCES:
             return None
-        bundle[match.group(2)] = bundle.get(match.group(2), 0) + int(match.group(1))
+        bundle[resource] = bundle.get(resource, 0) + count
     return bundle
 
 
@@ -57,6 +58,7 @@ class SimpleNegotiation:
         self.inventory = [{r: rng.randint(1, 5) for r in RESOURCES} for _ in range(2)]
         self.values = [{r: rng.randint(1, 10) for r in RESOURCES} for _ in range(2)]
         self.start_value = [self.value(p) for p in range(2)]
+        self.pool = {r: sum(inventory[r] for inventory in self.inventory) for r in RESOURCES}  # trades keep it
         self.offer: tuple[int, dict, dict] | None = None  # (offerer, gives, gets)
         self.turns, self.trades = 0, 0
         self.log: list[str] = []
@@ -81,7 +83,7 @@ class SimpleNegotiation:
             return (inside,)
         if inside.startswith("offer ") and " for " in inside:
             gives, gets = (_bundle(part) for part in inside[len("offer "):].split(" for ", 1))
-            if gives and gets and self._has(player, gives):
+            if gives and gets and self._has(player, gives) and all(n <= self.pool[r] for r, n in gets.items()):
                 return ("offer", gives, gets)
         return None
 
@@ -114,7 +116,8 @@ class SimpleNegotiation:
         move = first_move(action_text, self._read)
         if move is None:
             return StepResult([0.0, 0.0], terminated=False, invalid=True,
-                              info={"reason": "offer what you have, or accept/deny an open offer you can pay"})
+                              info={"reason": "offer what you have for at most what the table holds, "
+                                                "or accept/deny an open offer you can pay"})
         player = self.current_player
         if move[0] == "offer":
             self.offer = (player, move[1], move[2])

@@ -6,7 +6,8 @@
 An agent ``player_<seat>`` observes a dict: ``observation``, its own prompt text as UTF-8 bytes zero-padded
 to ``max_bytes`` (``env.observe_text(agent)`` gives the text itself), and ``action_mask`` over the game's
 action vocabulary. Actions are indices into ``env.vocabulary`` (the bracketed move texts); a masked-out
-action is an invalid move, with tidal's retry and forfeit rules (``max_retries`` etc. go to ``envs.make``).
+action is an invalid move, with tidal's retry and forfeit rules (``max_retries`` etc. go to ``envs.make``); an
+index outside the action space is a caller's error (``ValueError``).
 Rewards are the game's per-seat rewards; when the game ends every agent is terminated (or truncated).
 """
 
@@ -82,7 +83,10 @@ class TidalAEC(AECEnv):
         if self.terminations[agent] or self.truncations[agent]:
             self._was_dead_step(action)
             return
-        result = self.game.step(self.vocabulary[int(action)])
+        index = int(action)
+        if not 0 <= index < len(self.vocabulary):  # a negative index would play a move from the list's end
+            raise ValueError(f"action {action!r} is outside the action space, Discrete({len(self.vocabulary)})")
+        result = self.game.step(self.vocabulary[index])
         self._cumulative_rewards[agent] = 0.0
         self.rewards = dict(zip(self.possible_agents, map(float, result.rewards)))
         if result.terminated or result.truncated:

@@ -7,7 +7,9 @@ The agent must report the sum of the values of ``lookups`` names. Values are hid
   keeps serving its other episodes meanwhile. The answer joins the observation; reward 0.
 - ``[answer NUMBER]`` ends the task: reward 1 if NUMBER is the sum, else 0.
 
-Anything else is invalid and changes nothing. After ``max_turns`` actions the episode is truncated (reward 0).
+Anything else is invalid and changes nothing: names and numbers are ASCII, a number at most
+``envs.actions.MAX_DIGITS`` digits (``[answer ٤٢]`` or a thousand digits is invalid; ``[answer apple]`` is a
+wrong answer). After ``max_turns`` actions the episode is truncated (reward 0).
 Each turn's generation budget (``max_tokens``) is drawn from ``min_new_tokens..max_new_tokens`` when both are
 set, so generation lengths vary too. Everything random comes from the seed given to ``reset``.
 """
@@ -20,8 +22,10 @@ import re
 
 import trio
 
+from envs.actions import MAX_DIGITS, read_int
+
 NAMES = ("apple", "river", "stone", "cloud", "tiger", "maple", "ember", "frost", "coral", "delta", "prism", "quill")
-ACTION = re.compile(r"\[\s*(lookup|answer)\s+([a-z]+|-?\d+)\s*\]", re.IGNORECASE)
+ACTION = re.compile(r"\[\s*(lookup|answer)\s+([a-z]+|-?[0-9]{1,%d})\s*\]" % MAX_DIGITS, re.IGNORECASE | re.ASCII)
 
 
 class ToolLatencyTask:
@@ -65,7 +69,7 @@ class ToolLatencyTask:
         self.turns += 1
         tool, argument = match.group(1).lower(), match.group(2).lower()
         if tool == "answer":
-            correct = argument.lstrip("-").isdigit() and int(argument) == self.answer
+            correct = read_int(argument, signed=True) == self.answer
             return self._observation(), float(correct), True, False, {"correct": correct}
         latency = self.draw_latency()
         self.latencies.append(latency)
