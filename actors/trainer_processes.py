@@ -39,7 +39,7 @@ def memory(trainer: Trainer) -> dict:
 
 
 def _rank(rank: int, world: int, rendezvous: str | None, cfg, tables, lrs, checkpoint, save_to, out: str,
-          first: int) -> None:
+          first: int, save_after: int) -> None:
     trainer = Trainer(cfg, Shard(rank, world))
     if world > 1:
         join_group(trainer.shard, trainer.device, rendezvous)
@@ -50,11 +50,11 @@ def _rank(rank: int, world: int, rendezvous: str | None, cfg, tables, lrs, check
         for version, (table, lr) in enumerate(zip(tables, lrs)):
             if version >= first:
                 stats.append(trainer.update(table, lr, version))
+            if save_to is not None and version + 1 == save_after:
+                trainer.save(Path(save_to), {"version": save_after})
         result["train_s"] = time.perf_counter() - started
         result["stats"] = stats
         result["weights"] = {k: v.detach().cpu().clone() for k, v in trainer.full_state().items()}
-        if save_to is not None:
-            trainer.save(Path(save_to), {"version": len(tables)})
         result["optimizer_steps"] = _steps(trainer)
         trainer.stop_group()
     else:
@@ -73,9 +73,11 @@ def _steps(trainer: Trainer) -> int:
 
 
 def train(cfg, world: int, tables: list, lrs: list[float] | None = None, checkpoint: str | Path | None = None,
-          save_to: str | Path | None = None, timeout_s: float = 600.0, resume_versions: int = 0) -> dict:
+          save_to: str | Path | None = None, timeout_s: float = 600.0, resume_versions: int = 0,
+          save_after: int | None = None) -> dict:
     """Train ``tables`` on ``world`` ranks in processes; rank 0's result and every rank's ``memory``. With a
-    ``checkpoint`` made after ``resume_versions`` updates, the tables from that version on."""
+    ``checkpoint`` made after ``resume_versions`` updates, the tables from that version on. ``save_to``: a
+    checkpoint there after ``save_after`` updates (default: all of them)."""
     cfg = dataclasses.replace(cfg, ranks=world)
     lrs = lrs or [cfg.lr] * len(tables)
     rendezvous = store = None
@@ -85,7 +87,9 @@ def train(cfg, world: int, tables: list, lrs: list[float] | None = None, checkpo
     with tempfile.TemporaryDirectory(prefix="tidal-group-") as out:
         ranks = [context.Process(target=_rank, args=(r, world, rendezvous, cfg, tables, lrs,
                                                      None if checkpoint is None else Path(checkpoint),
-                                                     save_to, out, resume_versions)) for r in range(world)]
+                                                     save_to, out, resume_versions,
+                                                     len(tables) if save_after is None else save_after))
+                 for r in range(world)]
         for process in ranks:
             process.start()
         for process in ranks:

@@ -45,8 +45,9 @@ def group_setup(tiny_model_dir):
 def test_two_gloo_ranks_train_as_one_with_half_the_state_each_and_checkpoints_load_on_either_count(group_setup,
                                                                                                     tmp_path):
     cfg, (first, second) = group_setup
-    one = trainer_processes.train(cfg, 1, [first, second])
-    two = trainer_processes.train(cfg, 2, [first, second])
+    # each also leaves a checkpoint after its first update
+    one = trainer_processes.train(cfg, 1, [first, second], save_to=tmp_path / "dp1", save_after=1)
+    two = trainer_processes.train(cfg, 2, [first, second], save_to=tmp_path / "dp2", save_after=1)
     base = {name: p for name, p in load_policy(cfg.model_path)[0].named_parameters()}
     assert largest_difference(one["weights"], base) > 1e-3  # the updates moved the weights ...
     assert largest_difference(one["weights"], two["weights"]) <= 1e-4  # ... and both groups the same way
@@ -56,9 +57,7 @@ def test_two_gloo_ranks_train_as_one_with_half_the_state_each_and_checkpoints_lo
         per_rank = [m[kind] for m in two["memory"]]
         assert max(per_rank) <= 0.6 * one["memory"][0][kind], (kind, per_rank, one["memory"][0][kind])
 
-    # a checkpoint after the first update, by 2 ranks and by 1; the second update from each on the other count
-    trainer_processes.train(cfg, 2, [first], save_to=tmp_path / "dp2")
-    trainer_processes.train(cfg, 1, [first], save_to=tmp_path / "dp1")
+    # the second update from each checkpoint, on the other rank count
     assert (tmp_path / "dp2" / "optimizer").is_dir() and (tmp_path / "dp2" / "config.json").exists()
     on_one = trainer_processes.train(cfg, 1, [first, second], checkpoint=tmp_path / "dp2", resume_versions=1)
     on_two = trainer_processes.train(cfg, 2, [first, second], checkpoint=tmp_path / "dp1", resume_versions=1)
