@@ -23,9 +23,15 @@ log = logging.getLogger(__name__)
 BATCH_LOG = "batches.jsonl"
 
 
+def episode_life(episode_id: str) -> str:
+    """The life of the run that played an episode (``""`` for an id without one)."""
+    life, slash, _ = episode_id.partition("/")
+    return life if slash else ""
+
+
 def episode_source(episode_id: str) -> str:
-    """The env actor that played an episode: its ids are ``<actor>-<incarnation>-<n>`` (`EnvActor`)."""
-    return episode_id.rsplit("-", 2)[0]
+    """The env actor that played an episode: its ids are ``<life>/<actor>-<incarnation>-<n>`` (`EnvActor`)."""
+    return episode_id.rpartition("/")[2].rsplit("-", 2)[0]
 
 
 class Spill:

@@ -194,7 +194,7 @@ def spawn_envs(cluster, cfg: RunConfig, top: Topology, actors: list[tuple[str, i
         policy_id=first, temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
         max_staleness=cfg.learner.max_staleness, batch_episodes=cfg.replay.args.batch_episodes,
         admission_slot=slot, start_versions={g.member: g.start_version for g in groups},
-        seed=cfg.run.seed * 1000 + i, ledger_dir=top.ledger, **built_args(cfg.env.args)),
+        seed=cfg.run.seed * 1000 + i, ledger_dir=top.ledger, life=top.life, **built_args(cfg.env.args)),
         env_peers(top)) for name, i, slot in actors])
     return [name for name, _, _ in actors]
 
