@@ -6,6 +6,11 @@ order of arrival among equals (so a FIFO while versions arrive in order). An epi
 learner's staleness bound rejects it; with heavy-tailed episode times a FIFO would systematically lose the
 long episodes, and the policy would learn from the short ones only.
 
+A batch holds ``batch_episodes`` episodes, or fewer where the next would make its frame larger than the batch
+frame limit (``streams.wire.FRAME_LIMITS``, or ``max_batch_bytes`` when lower): long-context episodes go out in
+smaller batches (``short_batches``). An episode larger than the limit on its own could never be sent: it is
+refused as it arrives, before it is spilled, and counted (``refused_by_reason``).
+
 The buffer is bounded: when it is full the actor stops reading, and the backpressure reaches the env
 actors, which then start no new episodes. Nothing is dropped.
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -29,14 +35,18 @@ import trio
 
 from streams.endpoints import Inbox, Outbox
 from actors.spill import Spill, episode_source
-from streams.schema import Columns, decode_table, encode_table
-from streams.wire import Kind
+from streams.schema import TRAJECTORY_SCHEMA, Columns, decode_table, encode_table
+from streams.wire import FRAME_LIMITS, MAX_HEADER_BYTES, Kind
+
+log = logging.getLogger(__name__)
+LINK_SLACK_BYTES = 64  # beside the header: room for a link envelope, should a limit count every part of a message
 
 
 @dataclass
 class ReplayConfig:
     batch_episodes: int = 64
     capacity_episodes: int = 128
+    max_batch_bytes: int | None = None  # a batch body at most this large (null: the batch frame limit)
     spill_dir: str | None = None  # episodes and batches on disk: a restart loses nothing
 
 
@@ -44,17 +54,28 @@ class ReplayActor:
     def __init__(self, cfg: ReplayConfig, name: str = "replay"):
         if cfg.capacity_episodes < cfg.batch_episodes:
             raise ValueError(f"replay capacity {cfg.capacity_episodes} < batch size {cfg.batch_episodes}")
+        if cfg.max_batch_bytes is not None and cfg.max_batch_bytes <= 0:
+            raise ValueError(f"replay max_batch_bytes {cfg.max_batch_bytes}: give a positive size, or null")
         self.cfg, self.name = cfg, name
         self._stats = {"episodes_in": 0, "batches_out": 0, "episodes_out": 0, "duplicate_episodes": 0,
-                       "batches_resent": 0, "reloaded_episodes": 0}
+                       "batches_resent": 0, "reloaded_episodes": 0, "short_batches": 0}
+        self._refused: dict[str, int] = {}  # episodes refused, by reason
         self._buffered = 0
         self._inbox = None
         self._spill = Spill(cfg.spill_dir) if cfg.spill_dir else None
         self._received_by_source: dict[str, int] = {}  # env actor -> its episodes held or batched
         self._rewind_to: int | None = None  # resend the logged batches after this number
+        self._overhead = len(encode_table(TRAJECTORY_SCHEMA.empty_table(), batch_seq=10**18))  # a batch's own bytes
+
+    def batch_bytes_limit(self) -> int:
+        """The largest batch body that goes out: within the batch frame limit with its header (looked up now, so
+        a limit changed at run time holds), and within ``max_batch_bytes``."""
+        limit = FRAME_LIMITS[Kind.BATCH] - MAX_HEADER_BYTES - LINK_SLACK_BYTES
+        return min(limit, self.cfg.max_batch_bytes) if self.cfg.max_batch_bytes else limit
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        self._heap: list[tuple[int, int, pa.Table]] = []  # (oldest token version, arrival, episode)
+        self._heap: list[tuple[int, int, int, pa.Table]] = []  # (oldest token version, arrival, bytes, episode)
+        self._heap_bytes = 0
         self._arrivals = itertools.count()
         self._changed = trio.Event()
         self._seen: set[str] = set()  # episode ids held or batched: a second copy is dropped
@@ -84,7 +105,7 @@ class ReplayActor:
             self._count(ids)
         self._last_seq = max(batches, default=0)
         for episode_id, episode in episodes.items():
-            if episode_id not in self._seen:
+            if episode_id not in self._seen and self._admissible(episode_id, episode):
                 self._hold(episode_id, episode)
                 self._stats["reloaded_episodes"] += 1
 
@@ -94,10 +115,26 @@ class ReplayActor:
             source = episode_source(episode_id)
             self._received_by_source[source] = self._received_by_source.get(source, 0) + 1
 
+    def _batch_bytes(self, episodes: list[pa.Table]) -> int:
+        """The exact size of a batch body of ``episodes``: each one's record batches, and the stream's own."""
+        return self._overhead + sum(episode_bytes(e) for e in episodes)
+
+    def _admissible(self, episode_id: str, episode: pa.Table) -> bool:
+        """Whether an episode can go out in a batch at all (alone, it fits the limit); if not, refused and said."""
+        size = self._batch_bytes([episode])
+        if size <= self.batch_bytes_limit():
+            return True
+        self._refused["larger_than_batch_limit"] = self._refused.get("larger_than_batch_limit", 0) + 1
+        log.warning("%s refused episode %s: alone it makes a batch of %d bytes, over the limit of %d", self.name,
+                    episode_id, size, self.batch_bytes_limit())
+        return False
+
     def _hold(self, episode_id: str, episode: pa.Table) -> None:
         self._count([episode_id])
-        heapq.heappush(self._heap, (oldest_version(episode), next(self._arrivals), episode))
+        size = episode_bytes(episode)
+        heapq.heappush(self._heap, (oldest_version(episode), next(self._arrivals), size, episode))
         self._buffered = len(self._heap)
+        self._heap_bytes += size
 
     async def _fill(self) -> None:
         while True:
@@ -111,27 +148,48 @@ class ReplayActor:
             if episode_id in self._seen:  # sent again by a restarted reward actor, or to a restarted replay
                 self._stats["duplicate_episodes"] += 1
                 continue
+            if not self._admissible(episode_id, episode):  # before the spill: it never comes back
+                continue
             if self._spill is not None:  # on disk before it is acknowledged (at the next receive)
                 await trio.to_thread.run_sync(self._spill.add_episode, episode)
             self._hold(episode_id, episode)
             self._stats["episodes_in"] += 1
             self._notify()
 
+    def _ready(self) -> bool:
+        """A batch can go: ``batch_episodes`` are held, or those held already fill a batch's bytes."""
+        full = self._heap_bytes + self._overhead > self.batch_bytes_limit()
+        return len(self._heap) >= self.cfg.batch_episodes or full
+
+    def _cut(self) -> list[pa.Table]:
+        """The oldest episodes, up to ``batch_episodes`` of them and as many as fit the batch's bytes."""
+        room = self.batch_bytes_limit() - self._overhead
+        episodes = []
+        while self._heap and len(episodes) < self.cfg.batch_episodes and (not episodes or self._heap[0][2] <= room):
+            _, _, size, episode = heapq.heappop(self._heap)
+            episodes.append(episode)
+            room -= size
+            self._heap_bytes -= size
+        self._buffered = len(self._heap)
+        if len(episodes) < self.cfg.batch_episodes:
+            self._stats["short_batches"] += 1
+        return episodes
+
     async def _batch(self, learner: Outbox) -> None:
         while True:
-            while len(self._heap) < self.cfg.batch_episodes and self._rewind_to is None:
+            while not self._ready() and self._rewind_to is None:
                 await self._changed.wait()
             if self._rewind_to is not None:
                 await self._resend(learner)
                 continue
-            episodes = [heapq.heappop(self._heap)[2] for _ in range(self.cfg.batch_episodes)]
-            self._buffered = len(self._heap)
+            episodes = self._cut()
             self._notify()
             self._last_seq += 1
+            body = encode_table(pa.concat_tables(episodes), batch_seq=self._last_seq)
             if self._spill is not None:  # logged before it is sent: a restart knows it went (or may have)
                 ids = [e.column(Columns.EPISODE_ID)[0].as_py() for e in episodes]
                 await trio.to_thread.run_sync(self._spill.add_batch, self._last_seq, ids)
-            await learner.send(encode_table(pa.concat_tables(episodes), batch_seq=self._last_seq))
+            await learner.send(body)
             self._stats["batches_out"] += 1
             self._stats["episodes_out"] += len(episodes)
 
@@ -151,6 +209,8 @@ class ReplayActor:
         inbox = self._inbox.statistics() if self._inbox else {}
         return {**self._stats, "buffered": self._buffered, "batches_logged": self._last_seq,
                 "received_by_source": dict(self._received_by_source),
+                "refused_episodes": sum(self._refused.values()), "refused_by_reason": dict(self._refused),
+                "batch_bytes_limit": self.batch_bytes_limit(),
                 "dropped_frames": inbox.get("dropped_frames", 0), "streams": {"episodes": inbox}}
 
 
@@ -159,3 +219,8 @@ def oldest_version(episode: pa.Table) -> int:
     versions = pc.list_flatten(episode.column(Columns.POLICY_VERSIONS))
     oldest = pc.min(versions).as_py()
     return 0 if oldest is None else int(oldest)
+
+
+def episode_bytes(episode: pa.Table) -> int:
+    """What an episode adds to a batch's Arrow IPC stream: its record batches, as written."""
+    return sum(pa.ipc.get_record_batch_size(batch) for batch in episode.to_batches())
