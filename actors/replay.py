@@ -20,6 +20,9 @@ next), and every batch is numbered and logged before it is sent. A restarted rep
 took, numbers its batches on from the last one, and drops an episode it already holds (reward sends again what
 it had not seen acknowledged). ``rewind(n)``: the learner has consumed batches up to number n (a restarted
 learner, from its checkpoint): send again, in order, every logged batch after it.
+
+With a ``checkpoint_dir`` (the learner's), the spill is compacted below the checkpoint's data cursor each time a
+new checkpoint appears (and before a restart reloads), so a restart reloads what is live.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -48,6 +52,7 @@ class ReplayConfig:
     capacity_episodes: int = 128
     max_batch_bytes: int | None = None  # a batch body at most this large (null: the batch frame limit)
     spill_dir: str | None = None  # episodes and batches on disk: a restart loses nothing
+    checkpoint_dir: str | None = None  # the learner's checkpoints: the spill is compacted below their data cursor
 
 
 class ReplayActor:
@@ -58,13 +63,15 @@ class ReplayActor:
             raise ValueError(f"replay max_batch_bytes {cfg.max_batch_bytes}: give a positive size, or null")
         self.cfg, self.name = cfg, name
         self._stats = {"episodes_in": 0, "batches_out": 0, "episodes_out": 0, "duplicate_episodes": 0,
-                       "batches_resent": 0, "reloaded_episodes": 0, "short_batches": 0}
+                       "batches_resent": 0, "reloaded_episodes": 0, "short_batches": 0, "compactions": 0,
+                       "compacted_episodes": 0}
         self._refused: dict[str, int] = {}  # episodes refused, by reason
         self._buffered = 0
         self._inbox = None
         self._spill = Spill(cfg.spill_dir) if cfg.spill_dir else None
         self._received_by_source: dict[str, int] = {}  # env actor -> its episodes held or batched
         self._rewind_to: int | None = None  # resend the logged batches after this number
+        self._checkpoint_seen = None  # the learner's checkpoint directory (inode, time) at the last compaction
         self._overhead = len(encode_table(TRAJECTORY_SCHEMA.empty_table(), batch_seq=10**18))  # a batch's own bytes
 
     def batch_bytes_limit(self) -> int:
@@ -78,8 +85,9 @@ class ReplayActor:
         self._heap_bytes = 0
         self._arrivals = itertools.count()
         self._changed = trio.Event()
-        self._seen: set[str] = set()  # episode ids held or batched: a second copy is dropped
+        self._seen: set[str] = set()  # episode ids held or batched, not compacted: a second copy is dropped
         self._last_seq = 0
+        self._disk = trio.Lock()  # one spill operation at a time (each on a thread)
         if self._spill is not None:
             await trio.to_thread.run_sync(self._reload)
         async with (
@@ -100,20 +108,58 @@ class ReplayActor:
         self._notify()
 
     def _reload(self) -> None:
+        self._compact()
         episodes, batches = self._spill.load()
         for ids in batches.values():
             self._count(ids)
-        self._last_seq = max(batches, default=0)
+        for source, delivered in self._spill.state.by_source.items():  # in the compacted batches
+            self._received_by_source[source] = self._received_by_source.get(source, 0) + delivered
+        self._last_seq = max(batches, default=self._spill.state.through)
         for episode_id, episode in episodes.items():
             if episode_id not in self._seen and self._admissible(episode_id, episode):
                 self._hold(episode_id, episode)
                 self._stats["reloaded_episodes"] += 1
+
+    def _compact(self) -> list[str]:
+        """Compact the spill below the learner's checkpointed data cursor in this life (on a thread)."""
+        if not self.cfg.checkpoint_dir:
+            return []
+        try:
+            cursor = checkpointed_cursor(self.cfg.checkpoint_dir, self._spill.life)
+        except (OSError, RuntimeError, EOFError) as error:  # being swapped in right now: at the next batch
+            log.info("%s: the learner's checkpoint not read (%s); compaction waits", self.name, error)
+            self._checkpoint_seen = None
+            return []
+        moved = self._spill.compact(cursor)
+        if moved:
+            self._stats["compactions"] += 1
+            self._stats["compacted_episodes"] += len(moved)
+        return moved
+
+    async def _compact_if_checkpointed(self) -> None:
+        """After a batch: when the learner wrote a checkpoint since the last look, compact below its cursor."""
+        if self._spill is None or not self.cfg.checkpoint_dir:
+            return
+        try:
+            stat = os.stat(self.cfg.checkpoint_dir)
+            seen = (stat.st_ino, stat.st_mtime_ns)
+        except FileNotFoundError:
+            return
+        if seen == self._checkpoint_seen:
+            return
+        self._checkpoint_seen = seen
+        async with self._disk:
+            moved = await trio.to_thread.run_sync(self._compact)
+        self._seen.difference_update(moved)  # the spill's consumed ids answer for them now
 
     def _count(self, episode_ids) -> None:
         for episode_id in episode_ids:
             self._seen.add(episode_id)
             source = episode_source(episode_id)
             self._received_by_source[source] = self._received_by_source.get(source, 0) + 1
+
+    def _known(self, episode_id: str) -> bool:
+        return episode_id in self._seen or (self._spill is not None and episode_id in self._spill.state.consumed)
 
     def _batch_bytes(self, episodes: list[pa.Table]) -> int:
         """The exact size of a batch body of ``episodes``: each one's record batches, and the stream's own."""
@@ -145,13 +191,14 @@ class ReplayActor:
                 self._stats["empty_episodes"] = self._stats.get("empty_episodes", 0) + 1
                 continue
             episode_id = episode.column(Columns.EPISODE_ID)[0].as_py()
-            if episode_id in self._seen:  # sent again by a restarted reward actor, or to a restarted replay
+            if self._known(episode_id):  # sent again by a restarted reward actor, or to a restarted replay
                 self._stats["duplicate_episodes"] += 1
                 continue
             if not self._admissible(episode_id, episode):  # before the spill: it never comes back
                 continue
             if self._spill is not None:  # on disk before it is acknowledged (at the next receive)
-                await trio.to_thread.run_sync(self._spill.add_episode, episode)
+                async with self._disk:
+                    await trio.to_thread.run_sync(self._spill.add_episode, episode)
             self._hold(episode_id, episode)
             self._stats["episodes_in"] += 1
             self._notify()
@@ -188,15 +235,18 @@ class ReplayActor:
             body = encode_table(pa.concat_tables(episodes), batch_seq=self._last_seq)
             if self._spill is not None:  # logged before it is sent: a restart knows it went (or may have)
                 ids = [e.column(Columns.EPISODE_ID)[0].as_py() for e in episodes]
-                await trio.to_thread.run_sync(self._spill.add_batch, self._last_seq, ids)
+                async with self._disk:
+                    await trio.to_thread.run_sync(self._spill.add_batch, self._last_seq, ids)
             await learner.send(body)
             self._stats["batches_out"] += 1
             self._stats["episodes_out"] += len(episodes)
+            await self._compact_if_checkpointed()
 
     async def _resend(self, learner: Outbox) -> None:
         """Send again, in order, the logged batches after the learner's cursor, from the spill files."""
         after, self._rewind_to = self._rewind_to, None
-        batches = await trio.to_thread.run_sync(self._spill.batches_after, after)
+        async with self._disk:
+            batches = await trio.to_thread.run_sync(self._spill.batches_after, after)
         for seq, table in batches:
             await learner.send(encode_table(table, batch_seq=seq))
             self._stats["batches_resent"] += 1
@@ -207,8 +257,9 @@ class ReplayActor:
 
     def statistics(self) -> dict:
         inbox = self._inbox.statistics() if self._inbox else {}
+        spill = self._spill.state.through if self._spill is not None else 0
         return {**self._stats, "buffered": self._buffered, "batches_logged": self._last_seq,
-                "received_by_source": dict(self._received_by_source),
+                "received_by_source": dict(self._received_by_source), "compacted_through": spill,
                 "refused_episodes": sum(self._refused.values()), "refused_by_reason": dict(self._refused),
                 "batch_bytes_limit": self.batch_bytes_limit(),
                 "dropped_frames": inbox.get("dropped_frames", 0), "streams": {"episodes": inbox}}
@@ -224,3 +275,12 @@ def oldest_version(episode: pa.Table) -> int:
 def episode_bytes(episode: pa.Table) -> int:
     """What an episode adds to a batch's Arrow IPC stream: its record batches, as written."""
     return sum(pa.ipc.get_record_batch_size(batch) for batch in episode.to_batches())
+
+
+def checkpointed_cursor(checkpoint_dir: str, life: str) -> int:
+    """The learner's checkpointed data cursor in ``life`` (0: none); torch is loaded only once there is one."""
+    if not any(os.path.exists(path) for path in (checkpoint_dir, checkpoint_dir + ".old")):
+        return 0
+    from actors.learner import checkpoint_cursor
+
+    return checkpoint_cursor(checkpoint_dir, life)
