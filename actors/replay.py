@@ -22,7 +22,11 @@ it had not seen acknowledged). ``rewind(n)``: the learner has consumed batches u
 learner, from its checkpoint): send again, in order, every logged batch after it.
 
 With a ``checkpoint_dir`` (the learner's), the spill is compacted below the checkpoint's data cursor each time a
-new checkpoint appears (and before a restart reloads), so a restart reloads what is live.
+new checkpoint appears (and before a restart reloads), so a restart reloads what is live. With ``resume`` (a
+resumed run), a replay whose spill is still empty first takes over the previous life's live episodes and the
+batches after that life's checkpointed cursor, numbered 1, 2, ... in this life (the learner's cursor starts at 0
+in a new life), and holds them, and the episodes, back until ``rewind`` (the run starts training: its resume
+evaluation is played by the checkpointed policy).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import pyarrow.compute as pc
 import trio
 
 from streams.endpoints import Inbox, Outbox
-from actors.spill import Spill, episode_source
+from actors.spill import Spill, episode_source, previous_life
 from streams.schema import TRAJECTORY_SCHEMA, Columns, decode_table, encode_table
 from streams.wire import FRAME_LIMITS, MAX_HEADER_BYTES, Kind
 
@@ -53,6 +57,7 @@ class ReplayConfig:
     max_batch_bytes: int | None = None  # a batch body at most this large (null: the batch frame limit)
     spill_dir: str | None = None  # episodes and batches on disk: a restart loses nothing
     checkpoint_dir: str | None = None  # the learner's checkpoints: the spill is compacted below their data cursor
+    resume: bool = False  # a resumed run: take over the previous life's live episodes and batches
 
 
 class ReplayActor:
@@ -64,13 +69,14 @@ class ReplayActor:
         self.cfg, self.name = cfg, name
         self._stats = {"episodes_in": 0, "batches_out": 0, "episodes_out": 0, "duplicate_episodes": 0,
                        "batches_resent": 0, "reloaded_episodes": 0, "short_batches": 0, "compactions": 0,
-                       "compacted_episodes": 0}
+                       "compacted_episodes": 0, "inherited_batches": 0, "inherited_episodes": 0}
         self._refused: dict[str, int] = {}  # episodes refused, by reason
         self._buffered = 0
         self._inbox = None
         self._spill = Spill(cfg.spill_dir) if cfg.spill_dir else None
         self._received_by_source: dict[str, int] = {}  # env actor -> its episodes held or batched
         self._rewind_to: int | None = None  # resend the logged batches after this number
+        self._held_back = False  # what a resumed run took over waits for the first ``rewind``
         self._checkpoint_seen = None  # the learner's checkpoint directory (inode, time) at the last compaction
         self._overhead = len(encode_table(TRAJECTORY_SCHEMA.empty_table(), batch_seq=10**18))  # a batch's own bytes
 
@@ -98,16 +104,19 @@ class ReplayActor:
             self._inbox = Inbox(episodes, Kind.EPISODES, decode_table)
             nursery.start_soon(self._fill)
             nursery.start_soon(self._batch, Outbox(learner, Kind.BATCH, self.name))
-            task_status.started({"episodes": episodes.address, "batches_logged": self._last_seq})
+            task_status.started({"episodes": episodes.address, "batches_logged": self._last_seq,
+                                 "inherited_episodes": self._stats["inherited_episodes"]})
 
     def rewind(self, consumed: int) -> None:
         """The learner has consumed the batches numbered up to ``consumed``: send the later ones again."""
         if self._spill is None:
             raise RuntimeError("replay.rewind needs replay.args.spill_dir: without it no batch is kept")
         self._rewind_to = consumed if self._rewind_to is None else min(self._rewind_to, consumed)
+        self._held_back = False
         self._notify()
 
     def _reload(self) -> None:
+        inherited = self.cfg.resume and self._spill.is_empty() and self._inherit()
         self._compact()
         episodes, batches = self._spill.load()
         for ids in batches.values():
@@ -119,6 +128,36 @@ class ReplayActor:
             if episode_id not in self._seen and self._admissible(episode_id, episode):
                 self._hold(episode_id, episode)
                 self._stats["reloaded_episodes"] += 1
+        taken = self._spill.state.inherited or {}
+        self._stats["inherited_batches"] = taken.get("batches", 0)
+        self._stats["inherited_episodes"] = taken.get("episodes", 0)
+        self._held_back = bool(inherited)  # until the run trains: then the batches taken over go first
+
+    def _inherit(self) -> bool:
+        """Take over the previous life's live episodes, and its batches after the checkpoint's cursor numbered
+        1, 2, ... (a batch too large for this life's limit, or naming an episode not on disk, gives its episodes
+        back to be held). Whether there was anything to take."""
+        previous = previous_life(self.cfg.spill_dir)
+        if previous is None or not self.cfg.checkpoint_dir:
+            return False
+        after = checkpointed_cursor(self.cfg.checkpoint_dir, previous.name)
+        episodes, batches = Spill(str(previous)).live_after(after)
+        taken = batched = 0
+        for ids in batches:
+            whole = all(i in episodes for i in ids)
+            if whole and self._batch_bytes([episodes[i] for i in ids]) <= self.batch_bytes_limit():
+                for episode_id in ids:
+                    self._spill.add_episode(episodes.pop(episode_id))
+                taken, batched = taken + 1, batched + len(ids)
+                self._spill.add_batch(taken, ids)
+        for episode in episodes.values():  # held, and those of a batch given back
+            self._spill.add_episode(episode)
+        self._spill.close()
+        self._spill.mark_inherited({"life": previous.name, "after": after, "batches": taken,
+                                    "episodes": batched + len(episodes)})
+        log.info("%s: took over %d batches and %d held episodes from life %s (after its batch %d)", self.name,
+                 taken, len(episodes), previous.name, after)
+        return bool(taken or episodes)
 
     def _compact(self) -> list[str]:
         """Compact the spill below the learner's checkpointed data cursor in this life (on a thread)."""
@@ -155,8 +194,9 @@ class ReplayActor:
     def _count(self, episode_ids) -> None:
         for episode_id in episode_ids:
             self._seen.add(episode_id)
-            source = episode_source(episode_id)
-            self._received_by_source[source] = self._received_by_source.get(source, 0) + 1
+            if self._spill is None or self._spill.own(episode_id):  # a previous life's: its env actor is gone
+                source = episode_source(episode_id)
+                self._received_by_source[source] = self._received_by_source.get(source, 0) + 1
 
     def _known(self, episode_id: str) -> bool:
         return episode_id in self._seen or (self._spill is not None and episode_id in self._spill.state.consumed)
@@ -224,7 +264,7 @@ class ReplayActor:
 
     async def _batch(self, learner: Outbox) -> None:
         while True:
-            while not self._ready() and self._rewind_to is None:
+            while (self._held_back or not self._ready()) and self._rewind_to is None:
                 await self._changed.wait()
             if self._rewind_to is not None:
                 await self._resend(learner)
@@ -261,7 +301,7 @@ class ReplayActor:
         return {**self._stats, "buffered": self._buffered, "batches_logged": self._last_seq,
                 "received_by_source": dict(self._received_by_source), "compacted_through": spill,
                 "refused_episodes": sum(self._refused.values()), "refused_by_reason": dict(self._refused),
-                "batch_bytes_limit": self.batch_bytes_limit(),
+                "batch_bytes_limit": self.batch_bytes_limit(), "held_back": self._held_back,
                 "dropped_frames": inbox.get("dropped_frames", 0), "streams": {"episodes": inbox}}
 
 

@@ -13,6 +13,10 @@ check and the run's accounts need of them: the last batch compacted (``through``
 (`IdSet`: an env actor's ids ``<life>/<actor>-<incarnation>-<n>`` come in runs of n), how many each env actor
 delivered, and any id found in two batches. It is swapped in first: a kill halfway through leaves files that
 ``load`` already skips and the next compaction removes.
+
+A resumed run's replay takes over the previous life's live episodes and batches (``live_after``, with the
+checkpoint's cursor in that life) instead of having them generated again; ``state.json`` records it
+(``inherited``).
 """
 
 from __future__ import annotations
@@ -110,18 +114,19 @@ class IdSet:
 class SpillState:
     through: int = 0  # the batches up to this number are compacted: a checkpoint of the learner consumed them
     consumed: IdSet = field(default_factory=IdSet)  # their episodes
-    by_source: dict = field(default_factory=dict)  # of those, how many each env actor delivered
+    by_source: dict = field(default_factory=dict)  # of those, how many each env actor of this life delivered
     duplicated: int = 0  # ids found in two compacted batches (trained twice): 0 while all is well
+    inherited: dict | None = None  # a resumed run's: {"life", "after", "batches", "episodes"} taken over
 
     def to_json(self) -> dict:
         return {"through": self.through, "consumed": self.consumed.to_json(), "by_source": self.by_source,
-                "duplicated": self.duplicated}
+                "duplicated": self.duplicated, "inherited": self.inherited}
 
     @classmethod
     def from_json(cls, data: dict) -> SpillState:
         consumed = data.get("consumed", {})
         return cls(data.get("through", 0), IdSet(consumed.get("ranges"), consumed.get("other", ())),
-                   dict(data.get("by_source", {})), data.get("duplicated", 0))
+                   dict(data.get("by_source", {})), data.get("duplicated", 0), data.get("inherited"))
 
 
 class Spill:
@@ -136,6 +141,13 @@ class Spill:
             self.state = SpillState.from_json(json.loads(path.read_text())) if path.exists() else SpillState()
         except (json.JSONDecodeError, AttributeError, TypeError) as error:
             raise ValueError(f"replay spill {path} is not a spill state: {error}") from error
+
+    def own(self, episode_id: str) -> bool:
+        """Whether an episode was played in this spill's life (not taken over from a previous one)."""
+        return episode_life(episode_id) in ("", self.life)
+
+    def is_empty(self) -> bool:
+        return not (any(self._episode_files()) or (self.dir / BATCH_LOG).exists() or (self.dir / STATE).exists())
 
     def add_episode(self, episode: pa.Table) -> None:
         if self._writer is None:
@@ -185,6 +197,21 @@ class Spill:
             raise RuntimeError(f"replay spill {self.dir}: batches name episodes not on disk: {missing[:5]}")
         return [(n, pa.concat_tables([episodes[i] for i in later[n]])) for n in sorted(later)]
 
+    def live_after(self, cursor: int) -> tuple[dict[str, pa.Table], list[list[str]]]:
+        """What a resumed run takes over from this spill of a previous life whose learner's checkpoint consumed the
+        batches up to ``cursor``: the episodes none of those took (by id, in order), and the later batches' ids."""
+        episodes, batches = self.load()
+        if cursor < self.state.through:
+            log.warning("%s: compacted through batch %d, beyond the checkpoint's %d", self.dir, self.state.through,
+                        cursor)
+        done = {i for n, ids in batches.items() if n <= cursor for i in ids}
+        return ({i: e for i, e in episodes.items() if i not in done},
+                [batches[n] for n in sorted(batches) if n > cursor])
+
+    def mark_inherited(self, inherited: dict) -> None:
+        self.state.inherited = inherited
+        self._write_state(self.state)
+
     def compact(self, cursor: int) -> list[str]:
         """Drop the batches up to ``cursor`` (a checkpoint of the learner consumed them) and their episodes; the ids
         of those episodes go to the state's ``consumed``. Returns them."""
@@ -192,7 +219,7 @@ class Spill:
             return []
         old = self.state
         state = SpillState(cursor, IdSet(old.consumed.ranges, old.consumed.other), dict(old.by_source),
-                           old.duplicated)
+                           old.duplicated, old.inherited)
         moved = []
         for seq, ids in sorted(self.batches().items()):
             if seq > cursor:
@@ -202,8 +229,9 @@ class Spill:
                     state.duplicated += 1
                     continue
                 moved.append(episode_id)
-                source = episode_source(episode_id)
-                state.by_source[source] = state.by_source.get(source, 0) + 1
+                if self.own(episode_id):
+                    source = episode_source(episode_id)
+                    state.by_source[source] = state.by_source.get(source, 0) + 1
         self._write_state(state)  # first: from here on load() skips what goes
         self.state = state
         self.close()  # later episodes go to a new file
@@ -251,6 +279,15 @@ class Spill:
         partial.replace(path)
 
 
+def previous_life(spill_dir: str | Path) -> Path | None:
+    """The spill of the run's life before ``spill_dir``'s (lives are named by their start time), or None."""
+    here = Path(spill_dir)
+    if not here.parent.exists():
+        return None
+    before = sorted(p for p in here.parent.iterdir() if p.is_dir() and p.name < here.name)
+    return before[-1] if before else None
+
+
 def _episode_id(batch: pa.RecordBatch) -> str:
     return batch.column(Columns.EPISODE_ID)[0].as_py()
 
@@ -270,7 +307,8 @@ def _read_batches(path: Path):
 def account_episodes(run_dir: str | Path, life: str, consumed_batches: int) -> dict:
     """Every training episode of a run's ``life`` by id: produced (the env actors' ledgers: delivered to
     reward), consumed (in the batches the learner trained, up to ``consumed_batches``, compacted ones included),
-    still held by replay, lost (produced and nowhere) and duplicated (trained more than once)."""
+    still held by replay, lost (produced and nowhere), duplicated (trained more than once) and inherited (taken
+    over from the previous life of a resumed run, so in no ledger of this one)."""
     run_dir = Path(run_dir)
     produced: set[str] = set()
     for path in (run_dir / "ledger" / life).glob("*.txt"):
@@ -281,6 +319,9 @@ def account_episodes(run_dir: str | Path, life: str, consumed_batches: int) -> d
     compacted = set(spill.state.consumed)
     consumed = set(trained) | compacted
     duplicated = spill.state.duplicated + len(trained) - len(set(trained)) + len(set(trained) & compacted)
+    kept = set(held) | consumed
+    inherited = {i for i in kept if not spill.own(i)}
     return {"produced": len(produced), "consumed": len(consumed), "held": len(set(held) - consumed),
             "lost": len(produced - set(held) - consumed), "duplicated": duplicated,
-            "unledgered": len((set(held) | consumed) - produced)}  # delivered by an env killed before it wrote
+            "unledgered": len(kept - produced - inherited),  # delivered by an env killed before it wrote
+            "inherited": len(inherited)}

@@ -160,7 +160,8 @@ def spawn_learner_ranks(cluster, cfg: RunConfig, life: str, groups: list[Group],
 
 def replay_config(cfg: RunConfig, group: Group, life: str) -> ReplayConfig:
     spill = str(group.spill_dir / life) if cfg.replay.spill else None  # with it a restarted replay loses nothing
-    return ReplayConfig(spill_dir=spill, checkpoint_dir=str(group.policy_dir), **built_args(cfg.replay.args))
+    return ReplayConfig(spill_dir=spill, checkpoint_dir=str(group.policy_dir), resume=bool(cfg.resume),
+                        **built_args(cfg.replay.args))
 
 
 def spawn_rollouts(cluster, cfg: RunConfig, top: Topology, joining: dict[str, int]) -> None:

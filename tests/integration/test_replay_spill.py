@@ -1,15 +1,16 @@
-"""Replay's spill compacted below the learner's checkpointed cursor: a restart reloads what is live, and the
-accounts still find every episode."""
+"""Replay's spill over the lives of a run: compacted below the learner's checkpointed cursor (a restart reloads
+what is live, and the accounts still find every episode), and taken over by a resumed run's replay."""
 
 import json
 
 import pytest
 import torch
 import trio
+import trio.testing
 
 from actors.learner import TRAINER_STATE
 from actors.replay import ReplayActor, ReplayConfig
-from actors.spill import BATCH_LOG, IdSet, Spill, account_episodes
+from actors.spill import BATCH_LOG, STATE, IdSet, Spill, account_episodes
 from streams.channels import MemoryTransport
 from streams.endpoints import Inbox, Outbox
 from streams.schema import Columns, decode_batch, encode_table
@@ -95,7 +96,58 @@ def test_the_spill_is_compacted_below_the_checkpointed_cursor_and_the_accounts_h
     (tmp_path / "ledger" / life).mkdir(parents=True)
     (tmp_path / "ledger" / life / "env-0.txt").write_text("\n".join(ids) + "\n")
     accounts = account_episodes(tmp_path, life, 3)
-    assert accounts == {"produced": 7, "consumed": 6, "held": 1, "lost": 0, "duplicated": 0, "unledgered": 0}
+    assert accounts == {"produced": 7, "consumed": 6, "held": 1, "lost": 0, "duplicated": 0, "unledgered": 0,
+                        "inherited": 0}
+
+
+def test_a_resumed_run_takes_over_the_previous_lives_episodes_and_batches(tmp_path):
+    """Life A logged batches 1-3 and held one episode; its checkpoint consumed batch 1. Life B, once training
+    starts, sends A's batches 2 and 3 as its own 1 and 2, then batches A's held episode with its own; life C (B
+    made no checkpoint) takes over all of B's batches."""
+    policy, root = tmp_path / "policy", tmp_path / "replay"
+    a = Spill(str(root / "A"))
+    old = [f"A/env-0-0-{n}" for n in range(7)]
+    for name in old:
+        a.add_episode(episode(name, [[1]]))
+    for seq in range(1, 4):
+        a.add_batch(seq, old[2 * seq - 2:2 * seq])
+    checkpoint(policy, "A", 1)
+    got = []
+
+    def cfg(life):
+        return ReplayConfig(batch_episodes=2, capacity_episodes=8, spill_dir=str(root / life),
+                            checkpoint_dir=str(policy), resume=True)
+
+    async def life_b(replay, send, receive):
+        await send("B/env-0-0-0")
+        await trio.testing.wait_all_tasks_blocked()
+        assert replay.statistics()["held_back"] and replay.statistics()["batches_resent"] == 0
+        replay.rewind(0)  # the run starts training (its resume evaluation was played meanwhile)
+        got.extend([await receive() for _ in range(3)])
+
+    stats = trio.run(serve, cfg("B"), life_b)
+    assert got == [(1, old[2:4]), (2, old[4:6]), (3, [old[6], "B/env-0-0-0"])]
+    assert stats["inherited_batches"] == 2 and stats["inherited_episodes"] == 5
+    assert stats["received_by_source"] == {"env-0": 1}  # life A's env actors are gone: not counted for B's
+    assert json.loads((root / "B" / STATE).read_text())["inherited"]["after"] == 1
+
+    async def nothing(replay, send, receive):
+        pass
+
+    again = trio.run(serve, cfg("B"), nothing)  # B's replay restarted: nothing taken over twice
+    assert again["batches_logged"] == 3 and again["inherited_episodes"] == 5 and again["reloaded_episodes"] == 0
+
+    got.clear()
+
+    async def life_c(replay, send, receive):
+        replay.rewind(0)
+        got.extend([await receive() for _ in range(3)])
+
+    stats = trio.run(serve, cfg("C"), life_c)
+    assert got == [(1, old[2:4]), (2, old[4:6]), (3, [old[6], "B/env-0-0-0"])]
+    assert stats["inherited_batches"] == 3
+    accounts = account_episodes(tmp_path, "C", 0)
+    assert accounts["inherited"] == 6 and accounts["unledgered"] == 0 and accounts["held"] == 6
 
 
 def test_an_id_set_keeps_runs_of_ids_as_ranges():
