@@ -33,11 +33,11 @@ from actors.rollout import RolloutConfig
 BUILT = {
     EnvConfig: ("tokenizer_path", "policy_id", "temperature", "max_new_tokens", "max_staleness", "batch_episodes",
                 "admission_slot", "start_version", "start_versions", "seed", "incarnation", "started_before",
-                "admission_offset", "ledger_dir"),
+                "admission_offset", "ledger_dir", "life"),
     RolloutConfig: ("model_path", "policy_id", "backend", "seed", "snapshot_dir"),
     LearnerConfig: ("model_path", "policy_id", "temperature", "max_staleness", "save_dir", "checkpoint_every",
                     "resume", "data_life", "seed", "budget_s", "budget_versions", "ranks"),
-    ReplayConfig: ("spill_dir",),
+    ReplayConfig: ("spill_dir", "checkpoint_dir", "resume"),
     LeagueConfig: ("members", "state_dir", "resume", "seed"),
 }
 # Keys that moved: an override of the old path fails with a message naming the new one.

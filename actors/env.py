@@ -12,6 +12,7 @@ they end; one that errored, or ended before the learner's turn, is never consume
 back. Evaluation episodes seat the policy against a fixed opponent in each seat in turn; their results are
 kept in ``statistics()["evaluations"]`` and never trained on.
 
+Episode ids carry the run's ``life`` (a resumed run is a new one), so they never repeat in a run directory.
 A restarted env actor (``incarnation`` > 0) names its episodes and requests apart from its predecessor's, and
 counts as started what its predecessors delivered (``started_before``, see ``actors.admission``). With a
 ``ledger_dir`` each training episode's id is appended to ``<ledger_dir>/<name>.txt`` once the reward actor has
@@ -79,6 +80,7 @@ class EnvConfig:
     # the learner consumed before this life); after a rebalance (a scale of env actors), what the launcher says.
     admission_offset: int | None = None
     ledger_dir: str | None = None  # append each delivered training episode's id here (accounting)
+    life: str = ""  # this start of the run (a resumed run is a new life): episode ids carry it
 
     def __post_init__(self):
         if self.policy_id in OPPONENTS:
@@ -94,7 +96,7 @@ class EnvActor:
 
     def __init__(self, cfg: EnvConfig, name: str = "env"):
         self.cfg, self.name = cfg, name
-        self._ids = itertools.count()  # episodes: "<name>-<incarnation>-<n>"
+        self._ids = itertools.count()  # episodes: "<life>/<name>-<incarnation>-<n>" (see ``episode_id``)
         self._rng = random.Random(cfg.seed)  # episode seeds, and the self-play source's draws
         self._admission = Admission(
             cfg.policy_id, max_staleness=cfg.max_staleness, batch_episodes=cfg.batch_episodes,
@@ -300,11 +302,16 @@ class EnvActor:
         seed = self._rng.randrange(2**31)
         game = self._idle_games.pop() if self._idle_games else self._make_game()
         played = await play_episode(game, seats, self._policy.generate, self.codec, self._settings,
-                                    episode_id=f"{self.name}-{self.cfg.incarnation}-{next(self._ids)}", seed=seed,
+                                    episode_id=self.episode_id(), seed=seed,
                                     learner=learner, counts=self._counts)
         if played is not None:
             self._idle_games.append(game)
         return played
+
+    def episode_id(self) -> str:
+        """A new episode's id, ``<life>/<name>-<incarnation>-<n>``: never the same twice in a run directory."""
+        own = f"{self.name}-{self.cfg.incarnation}-{next(self._ids)}"
+        return f"{self.cfg.life}/{own}" if self.cfg.life else own
 
     def _make_game(self):
         cfg = self.cfg

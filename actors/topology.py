@@ -160,7 +160,8 @@ def spawn_learner_ranks(cluster, cfg: RunConfig, life: str, groups: list[Group],
 
 def replay_config(cfg: RunConfig, group: Group, life: str) -> ReplayConfig:
     spill = str(group.spill_dir / life) if cfg.replay.spill else None  # with it a restarted replay loses nothing
-    return ReplayConfig(spill_dir=spill, **built_args(cfg.replay.args))
+    return ReplayConfig(spill_dir=spill, checkpoint_dir=str(group.policy_dir), resume=bool(cfg.resume),
+                        **built_args(cfg.replay.args))
 
 
 def spawn_rollouts(cluster, cfg: RunConfig, top: Topology, joining: dict[str, int]) -> None:
@@ -194,7 +195,7 @@ def spawn_envs(cluster, cfg: RunConfig, top: Topology, actors: list[tuple[str, i
         policy_id=first, temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
         max_staleness=cfg.learner.max_staleness, batch_episodes=cfg.replay.args.batch_episodes,
         admission_slot=slot, start_versions={g.member: g.start_version for g in groups},
-        seed=cfg.run.seed * 1000 + i, ledger_dir=top.ledger, **built_args(cfg.env.args)),
+        seed=cfg.run.seed * 1000 + i, ledger_dir=top.ledger, life=top.life, **built_args(cfg.env.args)),
         env_peers(top)) for name, i, slot in actors])
     return [name for name, _, _ in actors]
 

@@ -26,6 +26,7 @@ from actors.engines.random_model import ensure_random_model, random_model_config
 from actors.launcher import open_cluster
 from actors.runs.control import ControlServer
 from actors.runs.evaluations import Evaluations
+from actors.runs.inherited import count_inherited, release_inherited
 from actors.runs.league_steward import LeagueSteward
 from actors.runs.monitor import MetricsLog, plot_learning_curve
 from actors.runs.recovery import GroupRecovery, call_unless_dead, restart_env, statistics_or_recover
@@ -96,6 +97,8 @@ class Driver:
         interrupted, control, table = False, None, None
         try:
             self.top = top = build_topology(cluster, self.cfg, model_path, self.dir)
+            if self.resumed:  # replay took over the previous life's live episodes: admission counts them
+                count_inherited(cluster, top)
             self.recoveries = {m: GroupRecovery(cluster, group, top.envs) for m, group in top.groups.items()}
             mains = [m.id for m in self.cfg.league.members if m.role == "main"] if self.cfg.league else None
             self.evaluations = Evaluations(cluster, top.envs, self.cfg.eval, mains, self.past_evaluations)
@@ -106,6 +109,8 @@ class Driver:
             self._evaluate_now("resume" if self.resumed else "start", endpoint_games)
             # minute 0 of the curves: training starts (a resumed run goes on from where its metrics stopped)
             self.started = self.metrics.started = time.time() - self.offset_s
+            if self.resumed:  # what replay took over from the previous life goes to the learner first
+                release_inherited(cluster, top)
             self.set_training(True)
             self._train()
             self.training_end = self.metrics.rows[-1] if self.metrics.rows else None

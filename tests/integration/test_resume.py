@@ -12,6 +12,7 @@ import torch
 
 from actors.cli import load_config
 from actors.learner import TRAINER_STATE, find_checkpoint
+from actors.spill import Spill, episode_life
 
 SMALL = ["replay.args.batch_episodes=8", "replay.args.capacity_episodes=16", "env.args.concurrency=8",
          "eval.games_per_seat=4", "eval.endpoint_games_per_seat=4", "eval.every_s=0", "sampling.max_new_tokens=4",
@@ -59,6 +60,13 @@ def test_a_killed_run_resumes_at_its_checkpointed_version(tiny_model_dir, tmp_pa
     assert elapsed == sorted(elapsed)  # one clock across the kill
     # the stop wrote a last checkpoint (the learner may have made one more update after the last metrics row)
     assert checkpointed_version(run) >= summary["final_version"]
+    # replay took over the killed life's live episodes instead of having them played again; ids name their life
+    spill = Spill(str(run / "replay" / summary["life"]))
+    taken = spill.state.inherited
+    assert taken["life"] < summary["life"] and taken["episodes"] > 0, taken
+    held, batches = spill.load()
+    lives = {episode_life(i) for i in [*held, *spill.state.consumed, *(i for ids in batches.values() for i in ids)]}
+    assert lives <= {taken["life"], summary["life"]} and summary["life"] in lives
 
 
 def test_resume_names_what_is_missing(tmp_path):
