@@ -77,3 +77,21 @@ def test_code_in_a_checkpoints_files_never_runs(checkpoint, tmp_path):
     with pytest.raises(UnsafeCheckpoint, match="posix.mkdir, which is not checkpoint metadata"):
         Trainer(cfg).load(hostile)
     assert not Path(marker).exists()
+
+
+def test_a_spill_file_that_is_not_replays_is_skipped_and_runs_no_code(tmp_path):
+    import pyarrow as pa
+
+    from actors.spill import Spill
+
+    marker = tmp_path / "ran"
+    field = pa.field("x", pa.int64(), metadata={b"ARROW:extension:name": b"arrow.py_extension_type",
+                                                  b"ARROW:extension:metadata": pickle.dumps(Mkdir(str(marker)))})
+    foreign = pa.table([pa.array([1, 2])], schema=pa.schema([field]))
+    spill = tmp_path / "replay"
+    spill.mkdir()
+    with open(spill / "episodes-1-1.arrows", "wb") as f:
+        with pa.ipc.new_stream(f, foreign.schema) as writer:
+            writer.write_table(foreign)
+    episodes, batches = Spill(str(spill)).load()
+    assert episodes == {} and batches == {} and not marker.exists()
