@@ -110,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     scale = commands.add_parser("scale", help="change how many actors of a kind a running run has: rollout=4")
     scale.add_argument("counts", nargs="+", help="<kind>=<count>, e.g. rollout=4")
     scale.add_argument("--run", help="the run directory (default: the latest running run under runs/)")
+    stop = commands.add_parser("stop", help="end a running run cleanly (metrics, checkpoint, final evaluation, summary)")
+    stop.add_argument("--run", help="the run directory (default: the latest running run under runs/)")
+    stop.add_argument("--now", action="store_true", help="skip the final evaluation (as Ctrl-C does)")
     league = commands.add_parser("league", help="self-play leagues: run one, or print a run's league table")
     league_commands = league.add_subparsers(dest="league_command", required=True)
     league_run = league_commands.add_parser("run", help="run a league (configs/league.yaml)")
@@ -119,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "scale":
         return scale_command(args.counts, args.run)
+    if args.command == "stop":
+        return stop_command(args.run, evaluate=not args.now)
     if args.command == "envs":
         from envs.registry import listing
 
@@ -167,9 +172,23 @@ def scale_command(counts: list[str], run_dir: str | None) -> int:
     return 0
 
 
+def stop_command(run_dir: str | None, evaluate: bool = True) -> int:
+    """``tidal stop``: end a running run as its budget would (``evaluate``: with its final evaluation)."""
+    from actors.runs.control import latest_run, send_stop
+
+    try:
+        run = Path(run_dir) if run_dir else latest_run("runs")
+        answer = send_stop(run, evaluate)
+    except (ValueError, OSError) as error:
+        print(f"tidal stop: {error}", file=sys.stderr)
+        return 2
+    print(f"{run}: {answer.message}")
+    return 0 if answer.ok else 1
+
+
 def parse_count(text: str) -> tuple[str, int]:
     actor, _, count = text.partition("=")
-    if not actor or not count.isdigit():
+    if not actor or not (count.isascii() and count.isdigit()) or len(count) > 9:
         raise ValueError(f"{text!r}: expected <kind>=<count>, e.g. rollout=4")
     return actor, int(count)
 

@@ -115,6 +115,7 @@ class RaySection:
     host: str = "127.0.0.1"  # where the actors' ZeroMQ sockets bind; "node": each actor on its node's address
     curve_dir: Optional[str] = None  # the cluster's CURVE keys: encrypts streams, admits only its clients
     resources: dict[str, Any] = field(default_factory=dict)  # actor kind -> Ray resources each actor asks for
+    dashboard: bool = False  # embedded cluster only: start Ray's dashboard (on 127.0.0.1)
 
 
 @dataclass
@@ -135,6 +136,7 @@ class SamplingSection:
 @dataclass
 class EnvGroup:
     count: int = 1  # env actors
+    max_count: int = 16  # the most env actors `tidal scale` may ask for
     args: EnvArgs = field(default_factory=EnvArgs)
 
 
@@ -159,6 +161,7 @@ class AutoscaleConfig:
 @dataclass
 class RolloutGroup:
     count: int = 1  # rollout actors of each learning member
+    max_count: int = 16  # the most rollout actors (of each member) `tidal scale` or the autoscaler may ask for
     backend: str = "hf"  # hf | vllm
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
     args: RolloutArgs = field(default_factory=RolloutArgs)
@@ -267,6 +270,12 @@ def check(cfg: RunConfig) -> None:
                        ("learner.ranks", cfg.learner.ranks)):
         if count < 1:
             problems.append(f"{key}={count}: a run needs at least one")
+    for group, key in ((cfg.env, "env"), (cfg.rollout, "rollout")):
+        if group.count > group.max_count:
+            problems.append(f"{key}.count={group.count} is above {key}.max_count={group.max_count}")
+    if cfg.rollout.autoscale.enabled and cfg.rollout.autoscale.max_actors > cfg.rollout.max_count:
+        problems.append(f"rollout.autoscale.max_actors={cfg.rollout.autoscale.max_actors} is above "
+                        f"rollout.max_count={cfg.rollout.max_count}")
     if cfg.league is None:
         if cfg.run.max_matches is not None:
             problems.append("run.max_matches counts a league's rated matches: this run has no league")

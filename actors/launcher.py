@@ -1,19 +1,29 @@
 """The launcher: the one module that knows Ray. It opens the cluster the actors run on.
 
 On one machine it starts an embedded Ray cluster; with ``ray.address`` it attaches to a running one. Each
-actor is a plain class; here, and only here, it is wrapped with ``ray.remote``. In local mode the same
+actor is a plain class; here, and only here, it is wrapped with ``ray.remote``.
+
+An embedded cluster is closed to other users of the machine: every Ray server listens on loopback only (see
+`init_embedded_ray`), the dashboard starts only when ``ray.dashboard`` asks for it (on loopback), and Ray's
+token file (``~/.ray/auth_token``) is made with mode 0600, or narrowed to it (see `private_ray_token`). In local mode the same
 actors run on one trio loop in this process instead (``host.LocalCluster``). What runs on the cluster, and
 how it is connected, is ``topology.build_topology``'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
+import secrets
+import stat
+from pathlib import Path
 
 from actors.config import RaySection, RunSection
 from actors.host import STOP_TIMEOUT_S, ActorHost, LocalCluster
-from streams.security import is_loopback
+from streams.private_files import write_private
+from streams.security import CurveKeys, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +78,63 @@ def check_resources(resources: dict) -> dict:
     return {kind: dict(wanted) for kind, wanted in resources.items()}
 
 
+def ray_token_path() -> Path | None:
+    """The file Ray reads its cluster token from (None: the token is in ``RAY_AUTH_TOKEN``, no file)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return None
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+
+
+def private_ray_token(create: bool) -> Path | None:
+    """Ray's token file, mode 0600. Ray writes a missing one readable by every user (2.60: mode 0644 under the
+    umask): with ``create`` (an embedded cluster, where token authentication is on unless ``RAY_AUTH_MODE`` turns
+    it off) it is made here first, 0600 in a 0700 ``~/.ray``; an existing one of this user's is narrowed to 0600."""
+    path = ray_token_path()
+    if path is None or os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return None
+    if path.exists():
+        info = path.stat()
+        if info.st_uid == os.getuid() and info.st_mode & 0o077:
+            os.chmod(path, 0o600)
+            log.warning("Ray's token file %s was readable by other users (mode %04o): made it 0600", path,
+                        stat.S_IMODE(info.st_mode))
+    elif create and "RAY_AUTH_TOKEN_PATH" not in os.environ:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_private(path.parent, path.name, secrets.token_hex(32))  # what Ray's own generator makes
+    return path
+
+
+@contextlib.contextmanager
+def _node_on_loopback(ray):
+    """Ray 2.60 turns a node address of 127.0.0.1 into the machine's outward address (``resolve_ip_for_localhost``)
+    and its servers then listen on every interface; with its switch for machines that host no multi-node cluster
+    (``ENABLE_RAY_CLUSTER``, off on macOS and Windows) off while the node starts, the node's address stays
+    127.0.0.1 and the GCS, the raylet, the workers and the agents listen on loopback only."""
+    from ray._private import ray_constants
+
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+def init_embedded_ray(num_cpus: int | None = None, dashboard: bool = False) -> None:
+    """Start Ray on this machine for this process, closed to other users (see the module's docstring)."""
+    import ray
+
+    private_ray_token(create=True)
+    with _node_on_loopback(ray):
+        ray.init(num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
+                 _node_ip_address="127.0.0.1", logging_level=logging.WARNING)
+    private_ray_token(create=False)
+    node = ray.util.get_node_ip_address()
+    if not is_loopback(node):
+        log.warning("the embedded Ray cluster listens on %s, beyond loopback (this Ray release ignores the "
+                    "loopback request)", node)
+
+
 class RayCluster:
     """Actors as Ray actors (one process each), their streams on ZeroMQ.
 
@@ -76,19 +143,23 @@ class RayCluster:
     a node that has them. ``host="node"`` binds each actor's streams on its own node's address."""
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, host: str = "127.0.0.1",
-                 curve_dir: str | None = None, resources: dict | None = None):
+                 curve_dir: str | None = None, resources: dict | None = None, dashboard: bool = False):
         import ray
 
         if host != NODE_HOST and not is_loopback(host) and not curve_dir:  # fail here, before any actor starts
             raise ValueError(f"ray.host={host} binds streams beyond loopback: set ray.curve_dir to the cluster's "
                              "CURVE keys (see README, 'Security')")
+        if curve_dir:
+            CurveKeys.load(curve_dir)  # keys open to other users fail here, naming the file, not in every actor
         self.resources = check_resources(resources or {})
         self.ray = ray
         self.host, self.curve_dir = host, curve_dir
         self.owns_ray = not ray.is_initialized()
-        if self.owns_ray:
-            kwargs = {"num_cpus": num_cpus} if address is None else {"address": address}
-            ray.init(include_dashboard=False, logging_level=logging.WARNING, **kwargs)
+        if self.owns_ray and address is None:
+            init_embedded_ray(num_cpus, dashboard)
+        elif self.owns_ray:
+            private_ray_token(create=False)
+            ray.init(address=address, logging_level=logging.WARNING)
         if host == NODE_HOST and not curve_dir:
             beyond = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]
                              and not is_loopback(n["NodeManagerAddress"])})
@@ -213,4 +284,4 @@ def open_cluster(run: RunSection, ray: RaySection):
     if run.mode != "ray":
         raise ValueError(f"run.mode must be 'ray' or 'local', not {run.mode!r}")
     return RayCluster(address=ray.address, num_cpus=ray.num_cpus, host=ray.host, curve_dir=ray.curve_dir,
-                      resources=ray.resources)
+                      resources=ray.resources, dashboard=ray.dashboard)

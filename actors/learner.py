@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 import trio
 
+from actors.checkpoints import load_trainer_state
 from actors.engines.devices import check_device, check_dtype
 from actors.engines.snapshots import snapshot_id
 from actors.microbatches import Shard
@@ -251,7 +252,7 @@ class LearnerActor:
         if self.cfg.resume and checkpoint is None:
             raise FileNotFoundError(f"resume: no checkpoint in {self.cfg.save_dir} (no {TRAINER_STATE} there)")
         if checkpoint is not None:
-            self._restore(torch.load(checkpoint / TRAINER_STATE, weights_only=False))
+            self._restore(load_trainer_state(checkpoint / TRAINER_STATE))
         return checkpoint
 
     def _load(self, checkpoint: Path | None, store=None, rendezvous: str | None = None) -> None:
@@ -373,5 +374,5 @@ def checkpoint_cursor(save_dir: str | Path, life: str) -> int:
     checkpoint = find_checkpoint(save_dir)
     if checkpoint is None:
         return 0
-    cursor = torch.load(checkpoint / TRAINER_STATE, weights_only=False).get("cursor", {})
+    cursor = load_trainer_state(checkpoint / TRAINER_STATE).get("cursor", {})
     return cursor["seq"] if cursor.get("life") == life else 0

@@ -293,9 +293,14 @@ def _episode_id(batch: pa.RecordBatch) -> str:
 
 
 def _read_batches(path: Path):
+    """The record batches of a spill file (Arrow IPC: data, nothing in it is executed); a file whose schema is not
+    the trajectory schema is not replay's and is skipped, with a warning."""
     with open(path, "rb") as f:
         try:
             reader = pa.ipc.open_stream(f)
+            if not reader.schema.equals(TRAJECTORY_SCHEMA):
+                log.warning("%s: skipped: its schema is not the trajectory schema", path)
+                return
             while True:
                 yield reader.read_next_batch()
         except StopIteration:

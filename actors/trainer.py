@@ -12,7 +12,8 @@ Each rank gets the whole batch, computes the same advantages (so its ``TrainerSt
 
 A checkpoint is a directory: the policy as a Hugging Face model (rank 0 gathers the full weights), the
 optimizer's state written by every rank with torch.distributed.checkpoint (``optimizer/``: it loads on any
-number of ranks), and ``trainer_state.pt`` (the version, the data cursor, baselines, counters). The model's
+number of ranks), and ``trainer_state.pt`` (the version, the data cursor, baselines, counters), all of it read
+back as plain data, never unpickled objects (``actors/checkpoints.py``). The model's
 parameters stay fp32; ``dtype`` (bf16 on a GPU) is what its passes compute in (FSDP's mixed precision, or
 autocast with one rank), and log-probs are fp32.
 """
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from actors.checkpoints import FORMAT, load_optimizer, load_trainer_state, plain_state_values, state_values_from_plain
 from actors.engines.base_model import load_policy
 from actors.engines.devices import resolve_device, resolve_dtype
 from actors.engines.snapshots import write_snapshot
@@ -131,7 +133,7 @@ class Trainer:
         self._fresh_optimizer = copy.deepcopy(self.optimizer.state_dict())
         if checkpoint is None:
             return None
-        saved = torch.load(checkpoint / TRAINER_STATE, weights_only=False)
+        saved = load_trainer_state(checkpoint / TRAINER_STATE)
         if (checkpoint / OPTIMIZER_DIR).exists():
             self._load_optimizer(checkpoint / OPTIMIZER_DIR)
         elif "optimizer" in saved and self.shard.world == 1:  # a checkpoint from before the optimizer moved
@@ -139,7 +141,7 @@ class Trainer:
         else:
             raise FileNotFoundError(f"{checkpoint} holds no optimizer state that {self.shard.world} ranks can load")
         self.state = TrainerState(role_ids=saved["role_ids"], baselines=saved["baselines"],
-                                  state_values=saved.get("state_values"))
+                                  state_values=state_values_from_plain(saved.get("state_values")))
         return saved
 
     def _policy(self, path):
@@ -153,11 +155,10 @@ class Trainer:
         return model, tokenizer
 
     def _load_optimizer(self, path: Path) -> None:
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
         state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
-        dcp.load(state, checkpoint_id=str(path))
+        load_optimizer(state, path)
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
 
     @collective
@@ -204,8 +205,9 @@ class Trainer:
         if self.shard.rank == 0:
             self.model.save_pretrained(directory, state_dict=full)
             self.tokenizer.save_pretrained(directory)
-            torch.save({**trainer_state, "role_ids": self.state.role_ids, "baselines": self.state.baselines,
-                        "state_values": self.state.state_values}, directory / TRAINER_STATE)
+            torch.save({**trainer_state, "format": FORMAT, "role_ids": self.state.role_ids,
+                        "baselines": self.state.baselines, "state_values": plain_state_values(self.state.state_values)},
+                       directory / TRAINER_STATE)
 
     @collective
     def snapshot(self, path: Path) -> None:

@@ -245,6 +245,23 @@ class ScaleRequest:
 
 
 @dataclass
+class StopRequest:
+    """End the run (``tidal stop``): training stops at its next round; ``evaluate``: the final evaluation runs
+    first, as at the end of its budget (else it ends as on Ctrl-C)."""
+
+    evaluate: bool
+
+    NAMES = ("evaluate",)
+
+    def to_body(self) -> bytes:
+        return pack({"evaluate": self.evaluate})
+
+    @classmethod
+    def from_body(cls, body) -> StopRequest:
+        return cls(_fields(body, cls.NAMES, "stop", (bool,))["evaluate"])
+
+
+@dataclass
 class ScaleAnswered:
     """The run took a ``ScaleRequest`` (``ok``), or why not; ``actors``: how many of that kind it ran when asked."""
 

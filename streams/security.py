@@ -2,6 +2,11 @@
 
 Streams bound to loopback need no keys; beyond loopback, every stream is encrypted with CURVE and only clients
 holding the cluster's client key may connect (`ZmqTransport` refuses to bind there without keys).
+
+The keys' directory is private: `CurveKeys.create` writes every key file with mode 0600 in a directory of mode
+0700, and `CurveKeys.load` refuses a directory or secret key that other users may read or write (whoever reads a
+secret key can join the cluster; whoever writes the directory can authorize a key of their own), naming the file
+and the ``chmod`` that fixes it.
 """
 
 from __future__ import annotations
@@ -11,6 +16,10 @@ import os
 from dataclasses import dataclass
 
 import zmq
+
+from streams.private_files import check_private, make_private_dir, write_private
+
+KEY_NAMES = ("server", "client")
 
 
 @dataclass(frozen=True)
@@ -29,19 +38,24 @@ class CurveKeys:
 
     @classmethod
     def create(cls, directory: str) -> CurveKeys:
-        import zmq.auth
-
-        os.makedirs(directory, exist_ok=True)
-        for name in ("server", "client"):
-            zmq.auth.create_certificates(directory, name)
+        """New key pairs in ``directory`` (made with mode 0700 if missing; an existing one must be private)."""
+        make_private_dir(directory)
+        for name in KEY_NAMES:
+            public, secret = zmq.curve_keypair()
+            write_private(directory, f"{name}.key", _key_file(public))
+            write_private(directory, f"{name}.key_secret", _key_file(public, secret))
         return cls.load(directory)
 
     @classmethod
     def load(cls, directory: str) -> CurveKeys:
+        """The keys in ``directory``; PermissionError if it, or a secret key in it, is open to other users."""
         import zmq.auth
 
-        server = zmq.auth.load_certificate(os.path.join(directory, "server.key_secret"))
-        client = zmq.auth.load_certificate(os.path.join(directory, "client.key_secret"))
+        check_private(directory)
+        secrets = [os.path.join(directory, f"{name}.key_secret") for name in KEY_NAMES]
+        for path in secrets:
+            check_private(path)
+        server, client = (zmq.auth.load_certificate(path) for path in secrets)
         return cls(*server, *client, authorized_dir=directory)
 
     def secure(self, socket: zmq.Socket, server: bool) -> None:
@@ -53,6 +67,15 @@ class CurveKeys:
         else:
             socket.curve_serverkey = self.server_public
             socket.curve_publickey, socket.curve_secretkey = self.client_public, self.client_secret
+
+
+def _key_file(public: bytes, secret: bytes | None = None) -> str:
+    """A key in ZeroMQ's certificate format (what ``zmq.auth.load_certificate`` reads)."""
+    lines = ["#   ZeroMQ CURVE certificate (tidal): keep it private, mode 0600", "metadata", "curve",
+             f'    public-key = "{public.decode()}"']
+    if secret is not None:
+        lines.append(f'    secret-key = "{secret.decode()}"')
+    return "\n".join(lines) + "\n"
 
 
 def is_loopback(host: str) -> bool:

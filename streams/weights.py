@@ -1,7 +1,9 @@
 """Weights over streams: versioned, checksummed, written once and read by every rollout actor.
 
 The learner's `WeightsPublisher` writes each version's bytes (safetensors, never pickle) once, to a file in
-shared memory (`/dev/shm`), and publishes a small manifest: version, size, the CRC-32C of every chunk, the
+shared memory (a directory of its own under `/dev/shm`, mode 0700: its files are 0600, written without following
+links, and a killed learner's directory is swept by the next one, `streams/private_files.py`), and publishes a
+small manifest: version, size, the CRC-32C of every chunk, the
 file, and the address that serves chunks (the `crc32c` package uses the CPU's CRC instruction: about 6x
 faster here than zlib's CRC-32, so checking costs each reader little). A `WeightsFollower` on the same host
 maps the file (one write, many readers); on another host it fetches the chunks over ZeroMQ with credit-based
@@ -18,7 +20,6 @@ import mmap
 import os
 import socket
 import struct
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,12 +30,12 @@ from safetensors.torch import save as save_tensors
 
 from streams.endpoints import Inbox, Outbox
 from streams.messages import WeightsChunk, WeightsFetch, WeightsManifest
+from streams.private_files import SHM_DIR, open_private, private_dir, remove_private_dir, sweep_stale, write_private
 from streams.wire import Kind
 
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 8 * 2**20
-SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
 def weights_to_bytes(model) -> bytes:
@@ -100,15 +101,20 @@ def chunk_crcs(data, chunk_bytes: int) -> list[int]:
 
 
 class WeightsPublisher:
-    """The learner's side: one file per version (the last ``keep`` kept), manifests, and a chunk server."""
+    """The learner's side: one file per version (the last ``keep`` kept), manifests, and a chunk server.
+
+    ``directory``: where its private directory is made (this user's directories there whose owner died are
+    swept first); ``close`` removes it."""
 
     def __init__(self, name: str, policy_id: str, manifests: Outbox, fetch_from: str,
                  directory: str | None = SHM_DIR, chunk_bytes: int = CHUNK_BYTES, keep: int = 2):
         if directory is None:
             raise RuntimeError("no shared-memory directory (/dev/shm) here: pass one to WeightsPublisher")
         self.policy_id, self.manifests, self.fetch_from = policy_id, manifests, fetch_from
-        self.directory, self.chunk_bytes, self.keep = Path(directory), chunk_bytes, keep
-        self._prefix = f"tidal-{name}-{policy_id}-{uuid.uuid4().hex[:8]}"
+        self.chunk_bytes, self.keep = chunk_bytes, keep
+        sweep_stale(directory)
+        self.directory = private_dir(directory, f"{name}-{policy_id}")
+        self._prefix = f"{name}-{policy_id}"
         self._published: dict[int, WeightsManifest] = {}  # version -> manifest, oldest first
         self.stats = {"published": 0, "bytes_written": 0, "chunks_served": 0, "fetches_refused": 0}
 
@@ -129,10 +135,7 @@ class WeightsPublisher:
         return manifest
 
     def _write(self, version: int, data: bytes) -> WeightsManifest:
-        path = self.directory / f"{self._prefix}-v{version}.safetensors"
-        partial = path.with_suffix(".partial")
-        partial.write_bytes(data)
-        partial.rename(path)  # readers never see a half-written file
+        path = write_private(self.directory, f"{self._prefix}-v{version}.safetensors", data)  # whole or not at all
         return WeightsManifest(self.policy_id, version, len(data), self.chunk_bytes,
                                chunk_crcs(data, self.chunk_bytes), host_id(), str(path), self.fetch_from)
 
@@ -164,9 +167,8 @@ class WeightsPublisher:
             return f.read(manifest.chunk_bytes)
 
     def close(self) -> None:
-        for manifest in self._published.values():
-            Path(manifest.path).unlink(missing_ok=True)
         self._published.clear()
+        remove_private_dir(self.directory)
 
 
 @dataclass
@@ -237,9 +239,15 @@ async def _send_all(outbox: Outbox, bodies: list[bytes]) -> None:
 
 
 def _map_file(path: str) -> mmap.mmap | None:
-    """A copy-on-write mapping of the file: no copy is made, and the publisher's bytes cannot be changed."""
+    """A copy-on-write mapping of the file: no copy is made, and the publisher's bytes cannot be changed. A link
+    at ``path`` is not followed (nor is anything but a regular file mapped)."""
     try:
-        with open(path, "rb") as f:
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    except (OSError, ValueError):  # unlinked between the check and the open: a newer version is on its way
+        fd = open_private(path)
+    except OSError:  # unlinked between the check and the open: a newer version is on its way
         return None
+    try:
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)

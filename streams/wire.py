@@ -46,7 +46,8 @@ class Kind(str, enum.Enum):
     WEIGHTS_FETCH = "weights_fetch"  # a request for chunks of a published version (msgpack)
     WEIGHTS_CHUNK = "weights_chunk"  # one checksummed chunk of a published version (msgpack)
     SCALE = "scale"  # a command to a running run: how many actors of a kind (msgpack)
-    SCALED = "scaled"  # the run's answer to it (msgpack)
+    SCALED = "scaled"  # the run's answer to it, or to a stop (msgpack)
+    STOP = "stop"  # a command to a running run: end it as its budget would, or at once (msgpack)
     MATCH_REQUEST = "match_request"  # an env actor asks the league for a match (msgpack)
     MATCH = "match"  # the league's answer: who sits in which seat (msgpack)
     MATCH_RESULT = "match_result"  # a finished league match: seats and returns (msgpack)
@@ -64,6 +65,7 @@ FRAME_LIMITS: dict[Kind, int] = {
     Kind.WEIGHTS_CHUNK: 17 * 2**20,  # a chunk of at most 16 MiB and its fields
     Kind.SCALE: 4 * 2**10,
     Kind.SCALED: 64 * 2**10,
+    Kind.STOP: 4 * 2**10,
     Kind.MATCH_REQUEST: 64 * 2**10,
     Kind.MATCH: 64 * 2**10,
     Kind.MATCH_RESULT: 64 * 2**10,

@@ -18,6 +18,8 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def ray_session():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False)
+    from actors.launcher import init_embedded_ray
+
+    init_embedded_ray(num_cpus=2)  # as `tidal launch` starts it: on loopback only
     yield ray
     ray.shutdown()

@@ -15,8 +15,9 @@ weights in place (vLLM's ``reload_weights``; the engine is not restarted), and t
 worker (``tensor_parallel_size`` 1, the "uni" executor: the worker lives in the engine's own process) the
 version's bytes go to it over the engine's RPC, in pieces sent while requests in flight go on, and loaded from
 memory (`actors/engines/vllm_worker.py`); with several workers (vLLM's "mp" executor, which would pass every
-worker a copy) they are written once to a file under ``weights_dir`` that every worker maps
-(``weights_in_memory`` overrides the choice). An aborted request goes on from its prefix: its prompt and the tokens
+worker a copy) they are written once to a file that every worker maps, in a directory of the sampler's own under
+``weights_dir`` (mode 0700, the file 0600; a killed rollout's directory is swept by the next sampler:
+``streams/private_files.py``) (``weights_in_memory`` overrides the choice). An aborted request goes on from its prefix: its prompt and the tokens
 it has so far are submitted again as the prompt of a new request, with the rest of its token budget. Each
 submission is sampled by exactly one version, so every token is tagged with the version that sampled it.
 """
@@ -28,7 +29,6 @@ import contextlib
 import itertools
 import logging
 import os
-import shutil
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -39,6 +39,7 @@ import trio
 
 from actors.engines.devices import check_dtype, resolve_dtype
 from actors.engines.hf import Sample
+from streams.private_files import private_dir, remove_private_dir, sweep_stale, write_private
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class VllmOptions:
     # how new weights reach the engine's workers: over its RPC (true) or through a file in weights_dir (false);
     # null: in memory with one worker, through the file with several (each maps it once, not a copy each)
     weights_in_memory: bool | None = None
-    weights_dir: str | None = "/dev/shm"  # where each version is written for the workers when not in memory
+    weights_dir: str | None = "/dev/shm"  # where the sampler's private directory for each version's file is made
 
     def __post_init__(self):
         if self.dtype is not None:
@@ -275,10 +276,10 @@ class VllmSampler:
 
     def _write(self, data) -> None:
         if self._weights_dir is None:
-            self._weights_dir = Path(tempfile.mkdtemp(prefix=f"tidal-vllm-{self.name}-", dir=self.options.weights_dir))
-        partial = self._weights_dir / "model.safetensors.partial"
-        partial.write_bytes(memoryview(data))
-        partial.rename(self._weights_dir / "model.safetensors")
+            root = self.options.weights_dir or tempfile.gettempdir()
+            sweep_stale(root)
+            self._weights_dir = private_dir(root, f"vllm-{self.name}")
+        write_private(self._weights_dir, "model.safetensors", data)
 
     async def _reload(self, method: str, kwargs: dict) -> None:
         await self._engine.pause_generation(mode="abort", clear_cache=True)
@@ -298,8 +299,7 @@ class VllmSampler:
             self._engine = None  # collected now, not at interpreter exit (where its __del__ fails)
         finally:
             self._thread.close()
-            if self._weights_dir is not None:
-                shutil.rmtree(self._weights_dir, ignore_errors=True)
+            remove_private_dir(self._weights_dir)
 
 
 def engine_options(o: VllmOptions, *, on_cpu: bool) -> dict:

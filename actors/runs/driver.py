@@ -8,6 +8,10 @@ Every ``run.log_every_s`` the driver reads every actor's statistics (the health 
 and restarted here, losing nothing and counting nothing twice, see ``recovery.py``), lets the league's steward
 do its round, writes a metrics row, collects finished evaluations and starts the next when due, and carries out
 scale requests. ``run.restart=false``: any dead actor ends the run, with the command that resumes it.
+
+``tidal scale`` and ``tidal stop`` reach a running run through its control endpoint (``control.py``). At launch
+and at its end the driver sweeps the shared-memory directories of this user's processes that died (a killed
+learner's or rollout's weights: ``streams/private_files.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from actors.runs.monitor import MetricsLog, plot_learning_curve
 from actors.runs.recovery import GroupRecovery, call_unless_dead, restart_env, statistics_or_recover
 from actors.runs.scaling import Scaler
 from actors.topology import Topology, build_topology
+from streams.private_files import SHM_DIR, sweep_stale
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often an endpoint evaluation's results are looked for
@@ -59,6 +64,7 @@ class Driver:
         self.steward: LeagueSteward | None = None
         self.scaler = Scaler(self)
         self._stop = threading.Event()  # ``stop``: end training at the next round, as the budget would
+        self._final_evaluation = True  # ``stop(evaluate=False)``: end without it, as on Ctrl-C
 
     # -- control, from any thread ------------------------------------------------------------------------
 
@@ -71,9 +77,17 @@ class Driver:
         self.scaler.requests.put((kind, count))
         return len(self.scaler.actors(kind))
 
-    def stop(self) -> None:
-        """End training at the run's next round, then evaluate and summarize as at the end of its budget."""
+    def stop(self, evaluate: bool = True) -> None:
+        """End training at the run's next round, then evaluate (unless not ``evaluate``) and summarize as at the
+        end of its budget. The control endpoint's thread calls it (``tidal stop``)."""
+        self._final_evaluation = self._final_evaluation and evaluate
         self._stop.set()
+
+    def _sweep(self) -> None:
+        """Remove what this user's dead processes left in shared memory (weights of a killed learner or rollout)."""
+        for root in {SHM_DIR, self.cfg.rollout.args.vllm.weights_dir} - {None}:
+            for path in sweep_stale(root):
+                log.info("removed %s, left by a process that died", path)
 
     # -- the run -----------------------------------------------------------------------------------------
 
@@ -93,6 +107,7 @@ class Driver:
     def execute(self) -> dict:
         endpoint_games = self.cfg.eval.endpoint_games_per_seat
         model_path = self.model_path()
+        self._sweep()
         self.cluster = cluster = open_cluster(self.cfg.run, self.cfg.ray)
         interrupted, control, table = False, None, None
         try:
@@ -104,8 +119,7 @@ class Driver:
             self.evaluations = Evaluations(cluster, top.envs, self.cfg.eval, mains, self.past_evaluations)
             if top.league is not None:
                 self.steward = LeagueSteward(cluster, top, self.dir, self.evaluations.results)
-            if self.cfg.run.mode == "ray":  # `tidal scale` reaches the run here
-                control = ControlServer(self.dir, self.scale)
+            control = ControlServer(self.dir, self.scale, self.stop)  # `tidal scale` and `tidal stop` reach it here
             self._evaluate_now("resume" if self.resumed else "start", endpoint_games)
             # minute 0 of the curves: training starts (a resumed run goes on from where its metrics stopped)
             self.started = self.metrics.started = time.time() - self.offset_s
@@ -115,7 +129,8 @@ class Driver:
             self._train()
             self.training_end = self.metrics.rows[-1] if self.metrics.rows else None
             self.set_training(False)
-            self._evaluate_now("final", endpoint_games)
+            if self._final_evaluation:
+                self._evaluate_now("final", endpoint_games)
         except KeyboardInterrupt:
             interrupted = True
             log.warning("interrupted: stopping the run and writing what it measured")
@@ -126,6 +141,7 @@ class Driver:
             if self.steward is not None:
                 table = self.steward.table_or_none()
             cluster.shutdown()  # a league writes its state as it stops
+            self._sweep()
         return self._summarize(interrupted, table)
 
     def set_training(self, on: bool, envs: list[str] | None = None) -> None:
@@ -248,6 +264,7 @@ class Driver:
         summary = {
             "run_dir": str(self.dir),
             "interrupted": interrupted,
+            "stopped": self._stop.is_set(),  # by `tidal stop` (or the driver's ``stop``)
             "minutes": (time.time() - self.started) / 60 if self.started else 0.0,
             "start_nonloss": start["nonloss"] if start else None,
             "final_nonloss": final["nonloss"] if final else None,

@@ -54,6 +54,11 @@ class Scaler:
                              "actors can be scaled")
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ValueError(f"scale {kind}={count!r}: the count must be an integer >= 1")
+        key, most = ("env.max_count", self.driver.cfg.env.max_count) if kind == "env" else \
+            ("rollout.max_count", self.driver.cfg.rollout.max_count)
+        if count > most:
+            raise ValueError(f"scale {kind}={count}: this run allows at most {most} ({key}, set when the run "
+                             "starts or resumes)")
         if mode != "ray":
             raise ValueError("scaling needs run.mode=ray (in one process no actor can leave)")
         if kind == "env" and top.league is not None:

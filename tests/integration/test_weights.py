@@ -42,7 +42,7 @@ def test_a_late_joiner_gets_the_latest_version_checked(tmp_path):
             sent = {v: payload(v) for v in range(3)}
             for version, data in sent.items():  # nobody listens yet
                 await weights.publish(version, data)
-            assert len(list(tmp_path.iterdir())) == 2  # the last two versions are kept
+            assert len(list(weights.directory.iterdir())) == 2  # the last two versions are kept
 
             async with transport.open_subscriber([publisher.address], [TOPIC]) as subscription:
                 manifest = await latest_manifest(weights, Inbox(subscription, Kind.WEIGHTS,
