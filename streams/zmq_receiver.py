@@ -30,8 +30,10 @@ class ZmqReceiver:
     Nothing a peer sends makes `receive` raise: a message that is not on the link protocol (``bad_link``), whose
     sequence number is outside its sender's acknowledgement window (``out_of_window``: at or past the next
     expected plus the window, or, for a sender's first message, past `wire.MAX_FIRST_SEQ`), whose parts together
-    exceed ``max_message_bytes`` (``oversized``), or whose handling fails in any other way (``receive_error``) is
-    rejected, logged and counted by reason in ``statistics()["rejected"]``.
+    exceed ``max_message_bytes`` (``oversized``), from a new sender while MAX_PEERS others have messages
+    unacknowledged (``too_many_peers``), or whose handling fails in any other way (``receive_error``) is rejected,
+    logged and counted by reason in ``statistics()["rejected"]``. A message whose envelope is in the window takes
+    its sequence number even when its body is rejected, so its sender's next is in the window too.
     """
 
     def __init__(self, sock: TrioSocket, address: str, capacity: int, ack_when_done: bool = False,
@@ -103,7 +105,7 @@ class ZmqReceiver:
         if len(self._peers) >= MAX_PEERS:  # forget the first sender with nothing unacknowledged
             idle = next((key for key, p in self._peers.items() if not (p.unacked or p.ack_due)), None)
             if idle is None:
-                raise FrameError(f"a new sender beyond {MAX_PEERS} with messages unacknowledged", "out_of_window")
+                raise FrameError(f"a new sender beyond {MAX_PEERS} with messages unacknowledged", "too_many_peers")
             del self._peers[idle]
         peer = self._peers[identity] = _Peer(next_seq=seq)
         return peer
