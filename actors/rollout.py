@@ -33,7 +33,6 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 import torch
@@ -41,12 +40,13 @@ import trio
 
 from actors.engines.base_model import load_policy
 from actors.engines.devices import check_device, check_dtype, resolve_device, resolve_dtype
-from streams.endpoints import Inbox, Outbox
+from streams.endpoints import Inbox
 from actors.engines.hf import device_generator, sample
 from actors.engines.snapshots import SnapshotError, load_snapshot, parse_snapshot_id
 from actors.engines.vllm_engine import VllmOptions
 from streams.weights import FetchedWeights, WeightsFollower, load_weights
 from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest, WeightsManifest
+from streams.replies import open_replies
 from streams.wire import Kind
 
 log = logging.getLogger(__name__)
@@ -212,13 +212,12 @@ class RolloutActor:
             await trio.to_thread.run_sync(self._take_weights, model)
 
     async def _send_completions(self, completions, transport) -> None:
-        async with AsyncExitStack() as stack:
-            replies: dict[str, Outbox] = {}  # one sender per env actor, opened on its first request
+        """Each to its request's ``reply_to``, if the transport may connect there; a destination that takes nothing
+        holds up only its own replies, which are dropped after a deadline (`streams.replies`, counted)."""
+        async with open_replies(transport, Kind.COMPLETION, self.name) as replies:
+            self._streams["replies"] = replies
             async for completion, request in completions:
-                if request.reply_to not in replies:
-                    sender = await stack.enter_async_context(transport.open_sender([request.reply_to], capacity=1024))
-                    replies[request.reply_to] = Outbox(sender, Kind.COMPLETION, self.name)
-                await replies[request.reply_to].send(completion.to_body())
+                replies.post(request.reply_to, completion.to_body())
 
     async def _serve_batches(self, queue_out, model, tokenizer, completions) -> None:
         """hf: sample what is waiting in one batch, after catching up with the batch's newest min_version."""

@@ -263,10 +263,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="tidal's streams against Ray and raw ZeroMQ, weights, a fuzzer")
     parser.add_argument("--quick", action="store_true", help="a shorter run (about a minute)")
     args = parser.parse_args()
-    from benchmarks.stream_fuzz import fuzz_live_actors  # here: it imports every actor, which no producer needs
+    from benchmarks.stream_fuzz import fuzz_live_actors, summary  # here: it imports every actor (no producer needs)
 
     rates = bench_trajectories(args.quick)
     seconds = bench_weights(args.quick)
     fuzz = fuzz_live_actors(1000 if args.quick else 10_000)
     print(f"vs_ray={rates['tidal'] / rates['ray']:.2f} vs_raw={rates['tidal'] / rates['raw']:.2f} "
-          f"publish4_vs_1={seconds[4] / seconds[1]:.2f} fuzz_frames={fuzz['frames']} fuzz_crashes={fuzz['crashes']}")
+          f"publish4_vs_1={seconds[4] / seconds[1]:.2f} {summary(fuzz)}")

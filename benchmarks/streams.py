@@ -4,7 +4,8 @@
    a consumer process three ways: tidal streams (credits, frames, Arrow decode), Ray (an actor call per
    batch, through its object store), and raw ZeroMQ PUSH/PULL of the same bytes (no framing: the limit).
 2. Publishing a 100 MB state dict to 1, 2 and 4 subscriber processes on this host.
-3. A fuzzer: random, truncated and oversized frames at every kind of receiving endpoint of live actors.
+3. The fuzzer (`stream_fuzz.py`, which also runs alone): bad frames of every class at every kind of receiving
+   endpoint of live actors, then a check that every actor still serves.
 
     python benchmarks/streams.py [--quick]
 

@@ -52,10 +52,11 @@ class Receiver(Protocol):
     address: str
 
     async def receive(self) -> list[bytes]:
-        """The parts of the next message; waits for one."""
+        """The parts of the next message; waits for one. Never raises on what a peer sent (ZeroMQ: it is rejected)."""
 
     def statistics(self) -> dict:
-        """Every key of `stats.STREAM_KEYS`: received, bytes_received, dropped, duplicates, gaps, in_flight..."""
+        """Every key of `stats.STREAM_KEYS`: received, bytes_received, dropped, duplicates, gaps, in_flight...;
+        over ZeroMQ also ``rejected``: the messages it dropped, by reason (`zmq_receiver`)."""
 
 
 class Publisher(Protocol):

@@ -1,16 +1,19 @@
-"""Typed ends of streams for actors: frames out with a sequence number, frames in checked and counted.
+"""Typed ends of streams for actors: frames out with a sequence number, frames in checked and counted (replies to
+the addresses requests name: `replies`).
 
 A malformed, oversized, unknown-kind, wrong-version or wrong-kind frame, or one whose body does not decode
-(`bad_body`), is dropped with a log line (`wire.DropLog`) and counted by reason; it never reaches the actor's logic, never
-crashes it, and is never executed or unpickled.
+(`bad_body`), is dropped with a log line (`wire.DropLog`) and counted by reason; it never reaches the actor's logic,
+never crashes it, and is never executed or unpickled. An `Inbox` reports them, with what its transport rejected
+below the frames (`zmq_receiver`), in ``statistics()["rejected"]``.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from typing import AsyncIterator, Callable, TypeVar
 
-from streams.wire import DropLog, FrameCounter, FrameError, Kind, decode_frame
+from streams.wire import FRAME_LIMITS, DropLog, FrameCounter, FrameError, Kind, decode_frame
 
 T = TypeVar("T")
 
@@ -58,14 +61,21 @@ class Inbox:
     async def receive(self) -> T:
         while True:
             parts = await self.channel.receive()
-            if self.topic:
-                parts = parts[1:]
             try:
+                if self.topic:
+                    parts = parts[1:]
+                size = sum(len(part) for part in parts)
+                if size > FRAME_LIMITS[self.kind]:  # every part counts, however many there are
+                    raise FrameError(f"message of {len(parts)} parts and {size} bytes exceeds the {self.kind.value} "
+                                     f"limit of {FRAME_LIMITS[self.kind]}", "oversized")
                 header, body = decode_frame(parts)
                 if header.kind != self.kind:
                     raise FrameError(f"frame of kind {header.kind.value!r}, expected {self.kind.value!r}", "wrong_kind")
             except FrameError as error:
                 self.drops.drop(error.reason, error)
+                continue
+            except Exception as error:  # however a frame fails its checks, it is the frame's rejection
+                self.drops.drop("malformed", f"{type(error).__name__}: {error}")
                 continue
             try:
                 message = self.decode(body)
@@ -84,5 +94,6 @@ class Inbox:
 
     def statistics(self) -> dict:
         stats = self.channel.statistics()
+        rejected = Counter(stats.get("rejected", {})) + self.drops.counts
         return {**stats, "gaps": stats["gaps"] + self._missed, "dropped_frames": self.drops.total(),
-                "dropped_by_reason": dict(self.drops.counts)}
+                "dropped_by_reason": dict(self.drops.counts), "rejected": dict(rejected)}

@@ -170,9 +170,16 @@ class MemoryTransport:
             self._mailboxes[address] = _Mailbox(capacity, self.space_freed)
         return self._mailboxes[address]
 
+    def check_peer_address(self, address: str) -> None:
+        """ValueError unless ``address`` is an in-memory one (as `ZmqTransport.check_peer_address`)."""
+        if not address.startswith("mem://"):
+            raise ValueError(f"{address[:100]!r} is not an in-memory address (mem://...)")
+
     @contextlib.asynccontextmanager
-    async def open_receiver(self, capacity: int = 64, address: str | None = None, ack_when_done: bool = False):
-        # ack_when_done: in one process an actor cannot die alone, so there is nothing to acknowledge late
+    async def open_receiver(self, capacity: int = 64, address: str | None = None, ack_when_done: bool = False,
+                            max_message_bytes: int | None = None):
+        # ack_when_done: in one process an actor cannot die alone, so there is nothing to acknowledge late;
+        # max_message_bytes: nothing in memory comes from a peer that could break its frames' limits
         address = address or f"mem://receiver-{next(self._ids)}"
         if address in self._bound:
             raise ValueError(f"address {address} is already bound")
@@ -203,9 +210,8 @@ class MemoryTransport:
             self._bound.discard(address)
 
     @contextlib.asynccontextmanager
-    async def open_subscriber(
-        self, addresses: list[str] = (), topics: list[bytes] = (b"",), capacity: int = 4
-    ):
+    async def open_subscriber(self, addresses: list[str] = (), topics: list[bytes] = (b"",), capacity: int = 4,
+                              max_message_bytes: int | None = None):
         subscriber = MemorySubscriber(self, topics, capacity)
         for address in addresses:
             subscriber.connect(address)

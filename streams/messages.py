@@ -2,6 +2,8 @@
 
 Token ids, log-probs and versions travel as raw little-endian arrays inside msgpack (PLATFORM.md: about
 6x faster than msgpack lists). Field names are declared here once; actors never build these maps by hand.
+Each message is unpacked within its own `wire.Shape` (``SHAPE``: the longest bytes, string, array and map an
+honest one holds), so a body of the right kind but the wrong shape is refused before it is built.
 """
 
 from __future__ import annotations
@@ -10,9 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streams.wire import FrameError, pack, unpack
-
-MAX_NEW_TOKENS = 2**16  # the most tokens a generation request may ask for
+from streams.wire import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, FrameError, Shape, pack, unpack
+MAX_SEATS = 16  # the most seats (players) a match may have
 WEIGHTS_TOPIC = b"weights/"
 VERSION_TOPIC = b"version/"
 
@@ -28,9 +29,10 @@ def _floats(values) -> bytes:
 _KINDS = {int: (int,), float: (int, float), str: (str,), bytes: (bytes,), bool: (bool,)}
 
 
-def _fields(body, names: tuple[str, ...], what: str, types: tuple[type, ...] = ()) -> dict:
-    """The message's fields; FrameError naming a field that is missing or (``types``: one per name) mistyped."""
-    fields = unpack(body)
+def _fields(body, names: tuple[str, ...], what: str, types: tuple[type, ...], shape: Shape) -> dict:
+    """The message's fields, unpacked within ``shape``; FrameError naming a field that is missing or (``types``: one
+    per name) mistyped."""
+    fields = unpack(body, shape)
     if not isinstance(fields, dict) or any(name not in fields for name in names):
         missing = [n for n in names if not isinstance(fields, dict) or n not in fields]
         raise FrameError(f"{what} message lacks {', '.join(missing)}")
@@ -70,6 +72,7 @@ class GenerationRequest:
     min_version: int = 0
 
     NAMES = ("id", "reply_to", "policy", "prompt", "temperature", "max_tokens", "min_version")
+    SHAPE = Shape(bin_len=4 * MAX_PROMPT_TOKENS)  # the prompt: 4 bytes a token
 
     def to_body(self) -> bytes:
         values = (self.request_id, self.reply_to, self.policy_id, _ints(self.prompt_ids),
@@ -78,7 +81,7 @@ class GenerationRequest:
 
     @classmethod
     def from_body(cls, body) -> GenerationRequest:
-        f = _fields(body, cls.NAMES, "generation request", (int, str, str, bytes, float, int, int))
+        f = _fields(body, cls.NAMES, "generation request", (int, str, str, bytes, float, int, int), cls.SHAPE)
         prompt = _array(f["prompt"], "<i4", "prompt")
         if not prompt or min(prompt) < 0:
             raise FrameError("generation request with an empty prompt or a negative token id")
@@ -105,6 +108,7 @@ class Completion:
     error: str = ""
 
     NAMES = ("id", "tokens", "logprobs", "versions", "finished", "error")
+    SHAPE = Shape(bin_len=4 * MAX_NEW_TOKENS)  # ids, log-probs, versions: 4 bytes a token each
 
     def to_body(self) -> bytes:
         values = (self.request_id, _ints(self.token_ids), _floats(self.logprobs), _ints(self.versions),
@@ -117,7 +121,7 @@ class Completion:
 
     @classmethod
     def from_body(cls, body) -> Completion:
-        f = _fields(body, cls.NAMES, "completion", (int, bytes, bytes, bytes, bool, str))
+        f = _fields(body, cls.NAMES, "completion", (int, bytes, bytes, bytes, bool, str), cls.SHAPE)
         tokens = _array(f["tokens"], "<i4", "tokens")
         logprobs = _array(f["logprobs"], "<f4", "logprobs")
         versions = _array(f["versions"], "<i4", "versions")
@@ -146,6 +150,7 @@ class WeightsManifest:
     fetch_from: str
 
     NAMES = ("policy", "version", "size", "chunk_bytes", "crcs", "host", "path", "fetch")
+    SHAPE = Shape(bin_len=2**20)  # 4 bytes a chunk: 256 Ki chunks, 2 TiB of weights in chunks of 8 MiB
 
     def to_body(self) -> bytes:
         crcs = np.asarray(self.chunk_crcs, dtype="<u4").tobytes()
@@ -155,7 +160,7 @@ class WeightsManifest:
 
     @classmethod
     def from_body(cls, body) -> WeightsManifest:
-        f = _fields(body, cls.NAMES, "weights manifest", (str, int, int, int, bytes, str, str, str))
+        f = _fields(body, cls.NAMES, "weights manifest", (str, int, int, int, bytes, str, str, str), cls.SHAPE)
         crcs = np.frombuffer(f["crcs"], dtype="<u4").tolist() if len(f["crcs"]) % 4 == 0 else None
         if f["size"] < 0 or f["chunk_bytes"] <= 0 or crcs is None or len(crcs) != -(-f["size"] // f["chunk_bytes"]):
             raise FrameError(f"weights manifest of {f['size']} bytes in chunks of {f['chunk_bytes']} does not "
@@ -178,13 +183,14 @@ class WeightsFetch:
     reply_to: str
 
     NAMES = ("policy", "version", "index", "reply_to")
+    SHAPE = Shape()
 
     def to_body(self) -> bytes:
         return pack(dict(zip(self.NAMES, (self.policy_id, self.version, self.index, self.reply_to))))
 
     @classmethod
     def from_body(cls, body) -> WeightsFetch:
-        f = _fields(body, cls.NAMES, "weights fetch", (str, int, int, str))
+        f = _fields(body, cls.NAMES, "weights fetch", (str, int, int, str), cls.SHAPE)
         return cls(f["policy"], f["version"], f["index"], _address(f["reply_to"], "weights fetch"))
 
 
@@ -198,13 +204,14 @@ class WeightsChunk:
     data: bytes
 
     NAMES = ("policy", "version", "index", "data")
+    SHAPE = Shape(bin_len=16 * 2**20)  # a chunk
 
     def to_body(self) -> bytes:
         return pack(dict(zip(self.NAMES, (self.policy_id, self.version, self.index, self.data))))
 
     @classmethod
     def from_body(cls, body) -> WeightsChunk:
-        f = _fields(body, cls.NAMES, "weights chunk", (str, int, int, bytes))
+        f = _fields(body, cls.NAMES, "weights chunk", (str, int, int, bytes), cls.SHAPE)
         return cls(f["policy"], f["version"], f["index"], f["data"])
 
 
@@ -216,13 +223,14 @@ class VersionAnnounced:
     version: int
 
     NAMES = ("policy", "version")
+    SHAPE = Shape()
 
     def to_body(self) -> bytes:
         return pack(dict(zip(self.NAMES, (self.policy_id, self.version))))
 
     @classmethod
     def from_body(cls, body) -> VersionAnnounced:
-        f = _fields(body, cls.NAMES, "version", (str, int))
+        f = _fields(body, cls.NAMES, "version", (str, int), cls.SHAPE)
         return cls(f["policy"], f["version"])
 
 
@@ -234,13 +242,14 @@ class ScaleRequest:
     count: int
 
     NAMES = ("actor", "count")
+    SHAPE = Shape()
 
     def to_body(self) -> bytes:
         return pack(dict(zip(self.NAMES, (self.actor, self.count))))
 
     @classmethod
     def from_body(cls, body) -> ScaleRequest:
-        f = _fields(body, cls.NAMES, "scale", (str, int))
+        f = _fields(body, cls.NAMES, "scale", (str, int), cls.SHAPE)
         return cls(f["actor"], f["count"])
 
 
@@ -270,17 +279,15 @@ class ScaleAnswered:
     actors: int = 0
 
     NAMES = ("ok", "message", "actors")
+    SHAPE = Shape()
 
     def to_body(self) -> bytes:
         return pack(dict(zip(self.NAMES, (self.ok, self.message, self.actors))))
 
     @classmethod
     def from_body(cls, body) -> ScaleAnswered:
-        f = _fields(body, cls.NAMES, "scale answer", (bool, str, int))
+        f = _fields(body, cls.NAMES, "scale answer", (bool, str, int), cls.SHAPE)
         return cls(f["ok"], f["message"], f["actors"])
-MAX_SEATS = 16
-
-
 def _names(value, what: str, field_name: str) -> list[str]:
     """A non-empty list of short policy or opponent names, at most MAX_SEATS of them."""
     if not isinstance(value, list) or len(value) > MAX_SEATS or \
@@ -299,13 +306,14 @@ class MatchRequest:
     open_members: list[str]
 
     NAMES = ("id", "reply_to", "open")
+    SHAPE = Shape(array_len=MAX_SEATS)
 
     def to_body(self) -> bytes:
         return pack(dict(zip(self.NAMES, (self.request_id, self.reply_to, self.open_members))))
 
     @classmethod
     def from_body(cls, body) -> MatchRequest:
-        f = _fields(body, cls.NAMES, "match request", (int, str))
+        f = _fields(body, cls.NAMES, "match request", (int, str), cls.SHAPE)
         return cls(f["id"], _address(f["reply_to"], "match request"), _names(f["open"], "match request", "open"))
 
 
@@ -320,13 +328,14 @@ class MatchAssigned:
     seats: list[str]
 
     NAMES = ("id", "match", "learner", "seats")
+    SHAPE = Shape(array_len=MAX_SEATS)
 
     def to_body(self) -> bytes:
         return pack(dict(zip(self.NAMES, (self.request_id, self.match_id, self.learner, self.seats))))
 
     @classmethod
     def from_body(cls, body) -> MatchAssigned:
-        f = _fields(body, cls.NAMES, "match", (int, int, str))
+        f = _fields(body, cls.NAMES, "match", (int, int, str), cls.SHAPE)
         seats = _names(f["seats"], "match", "seats")
         if f["learner"] not in seats:
             raise FrameError(f"match {f['match']}: its learner {f['learner']!r} holds no seat")
@@ -344,6 +353,7 @@ class MatchResult:
     errored: bool = False
 
     NAMES = ("match", "learner", "seats", "returns", "errored")
+    SHAPE = Shape(array_len=MAX_SEATS)
 
     def to_body(self) -> bytes:
         values = (self.match_id, self.learner, self.seats, [float(r) for r in self.returns], self.errored)
@@ -351,7 +361,7 @@ class MatchResult:
 
     @classmethod
     def from_body(cls, body) -> MatchResult:
-        f = _fields(body, cls.NAMES, "match result", (int, str))
+        f = _fields(body, cls.NAMES, "match result", (int, str), cls.SHAPE)
         seats = _names(f["seats"], "match result", "seats")
         returns = f["returns"]
         if not isinstance(returns, list) or len(returns) != len(seats) or \

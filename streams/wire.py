@@ -24,14 +24,31 @@ MAX_FRAME_BYTES = 256 * 2**20  # the largest frame of any kind; sockets disconne
 # Received parts this large or larger arrive as read-only memoryviews (zero-copy), smaller ones as bytes.
 ZERO_COPY_BYTES = 64 * 2**10
 MAX_HEADER_BYTES = 1024
+MAX_PROMPT_TOKENS = 2**18  # the longest prompt a generation request may carry
+MAX_NEW_TOKENS = 2**16  # the most tokens a generation request may ask for (and a completion carry)
 
-_UNPACK_LIMITS = dict(
-    max_str_len=MAX_FRAME_BYTES,
-    max_bin_len=MAX_FRAME_BYTES,
-    max_array_len=2**24,
-    max_map_len=2**20,
-    max_ext_len=0,  # no extension types on the wire
-)
+
+@dataclass(frozen=True)
+class Shape:
+    """The largest msgpack values a body may hold: bytes, string, array and map lengths.
+
+    A body of a kind is unpacked with its kind's shape (`messages`): a longer value refuses it at once, before
+    anything is built, so a body cannot make a receiver build millions of objects (an array of 4 M empty arrays
+    in 4 MiB took 4 s to unpack).
+    """
+
+    bin_len: int = 0
+    str_len: int = 4096
+    array_len: int = 0
+    map_len: int = 16
+
+    def unpack_args(self) -> dict:
+        return dict(max_bin_len=self.bin_len, max_str_len=self.str_len, max_array_len=self.array_len,
+                    max_map_len=self.map_len, max_ext_len=0)  # no extension types on the wire
+
+
+ANY_SHAPE = Shape(MAX_FRAME_BYTES, MAX_FRAME_BYTES, 2**24, 2**20)  # what `unpack` allows when not told a shape
+HEADER_SHAPE = Shape(str_len=256, array_len=8, map_len=8)  # within MAX_HEADER_BYTES anyway
 
 
 class Kind(str, enum.Enum):
@@ -53,10 +70,11 @@ class Kind(str, enum.Enum):
     MATCH_RESULT = "match_result"  # a finished league match: seats and returns (msgpack)
 
 
-# The largest frame of each kind: a receiver drops (and counts) a larger one before decoding its body.
+# The largest frame of each kind, header and body together: a receiver drops (and counts) a larger one before
+# decoding its body. Each is sized from what an honest frame of the kind needs.
 FRAME_LIMITS: dict[Kind, int] = {
-    Kind.GENERATE: 4 * 2**20,
-    Kind.COMPLETION: 4 * 2**20,
+    Kind.GENERATE: 4 * MAX_PROMPT_TOKENS + 64 * 2**10,  # the prompt's token ids and a few short fields
+    Kind.COMPLETION: 12 * MAX_NEW_TOKENS + 64 * 2**10,  # ids, log-probs and versions of every new token
     Kind.EPISODES: 64 * 2**20,
     Kind.BATCH: MAX_FRAME_BYTES,
     Kind.WEIGHTS: 4 * 2**20,  # a manifest: the bytes go by shared memory or in chunks
@@ -83,7 +101,10 @@ class Header:
 class FrameError(ValueError):
     """A frame that is malformed, too large, of an unknown kind or of another wire version.
 
-    `reason` is the counter it is dropped under: malformed, oversized, unknown_kind, wrong_version, wrong_kind.
+    `reason` is the counter it is dropped under: malformed, oversized, unknown_kind, wrong_version, wrong_kind,
+    bad_body (the body does not decode), and below the frames (`zmq_receiver`) bad_link (not a link envelope, or
+    one of the wrong type), out_of_window (a sequence number outside the acknowledgement window) and
+    receive_error (any other failure while taking a message in).
     """
 
     def __init__(self, message: str, reason: str = "malformed"):
@@ -101,11 +122,11 @@ def pack(obj) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-def unpack(buf):
-    """Inverse of `pack`, with size limits; map keys must be str or bytes. Raises FrameError."""
+def unpack(buf, shape: Shape = ANY_SHAPE):
+    """Inverse of `pack`, within ``shape``'s limits; map keys must be str or bytes. Raises FrameError."""
     try:
-        return msgpack.unpackb(buf, raw=False, **_UNPACK_LIMITS)
-    except (ValueError, TypeError, msgpack.UnpackException) as error:
+        return msgpack.unpackb(buf, raw=False, **shape.unpack_args())
+    except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as error:
         # ExtraData's repr carries the whole unread remainder; name the error, not the bytes
         raise FrameError(f"body is not valid msgpack: {type(error).__name__}: {_short(error)}") from error
 
@@ -113,23 +134,25 @@ def unpack(buf):
 def encode_frame(kind: Kind, body: bytes, sender: str, seq: int) -> list[bytes]:
     kind = Kind(kind)
     limit = FRAME_LIMITS[kind]
-    if len(body) > limit:
-        raise FrameError(f"{kind.value} frame body of {len(body)} bytes exceeds the limit of {limit}", "oversized")
     header = pack({"kind": kind.value, "v": WIRE_VERSION, "sender": sender, "seq": seq})
+    if len(header) + len(body) > limit:
+        raise FrameError(f"{kind.value} frame of {len(header) + len(body)} bytes exceeds the limit of {limit}",
+                         "oversized")
     return [header, body]
 
 
 def decode_frame(parts: list) -> tuple[Header, memoryview | bytes]:
-    """Check a received frame and split it into its header and body (not copied)."""
-    if len(parts) != 2:
-        raise FrameError(f"frame has {len(parts)} parts, expected 2 (header, body)")
+    """Check a received frame and split it into its header and body (not copied). Its size is every part's."""
     size = sum(len(part) for part in parts)
     if size > MAX_FRAME_BYTES:
-        raise FrameError(f"frame of {size} bytes exceeds the limit of {MAX_FRAME_BYTES}", "oversized")
+        raise FrameError(f"frame of {len(parts)} parts and {size} bytes exceeds the limit of {MAX_FRAME_BYTES}",
+                         "oversized")
+    if len(parts) != 2:
+        raise FrameError(f"frame has {len(parts)} parts, expected 2 (header, body)")
     if len(parts[0]) > MAX_HEADER_BYTES:
         raise FrameError(f"header of {len(parts[0])} bytes exceeds the limit of {MAX_HEADER_BYTES}", "oversized")
     try:
-        fields = unpack(parts[0])
+        fields = unpack(parts[0], HEADER_SHAPE)
     except FrameError as error:
         raise FrameError(f"header is not msgpack: {error}") from None
     header = _header(fields)
@@ -204,6 +227,10 @@ class LinkType(enum.IntEnum):
 
 _LINK = struct.Struct("<4sBQI")  # magic, type, seq, window
 LINK_MAGIC = b"tdl1"
+LINK_BYTES = _LINK.size
+# A link's first sequence number must be below this: no sender sends 2**62 messages, so no acknowledgement that
+# follows (at most a window past the last message) can overflow the envelope's 64 bits.
+MAX_FIRST_SEQ = 2**62
 
 
 def encode_link(kind: LinkType, seq: int, window: int = 0) -> bytes:
@@ -211,13 +238,13 @@ def encode_link(kind: LinkType, seq: int, window: int = 0) -> bytes:
 
 
 def decode_link(buf) -> tuple[LinkType, int, int]:
-    """The (type, seq, window) of a link envelope; FrameError if it is not one."""
+    """The (type, seq, window) of a link envelope; FrameError (reason ``bad_link``) if it is not one."""
     if len(buf) != _LINK.size:
-        raise FrameError(f"link envelope of {len(buf)} bytes, expected {_LINK.size}")
+        raise FrameError(f"link envelope of {len(buf)} bytes, expected {_LINK.size}", "bad_link")
     magic, kind, seq, window = _LINK.unpack(buf)
     if magic != LINK_MAGIC:
-        raise FrameError(f"link envelope starts with {bytes(magic)!r}, expected {LINK_MAGIC!r}", "wrong_version")
+        raise FrameError(f"link envelope starts with {bytes(magic)!r}, expected {LINK_MAGIC!r}", "bad_link")
     try:
         return LinkType(kind), seq, window
     except ValueError:
-        raise FrameError(f"unknown link message type {kind}", "unknown_kind") from None
+        raise FrameError(f"unknown link message type {kind}", "bad_link") from None

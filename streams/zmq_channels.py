@@ -9,10 +9,11 @@ unacknowledged and counts it done only when its actor asks for the next one: an 
 (replay spills it to disk) or passes it on (reward, once the next actor has acknowledged it) loses nothing
 acknowledged when it is killed, and its successor is sent again what it had not finished (and, if the connection
 dropped while the last acknowledgement was on its way, the message before it: such consumers drop copies by id).
-Nothing is dropped at a high-water mark (the credits bound every queue). When a link's connection drops (the
-receiver restarted, or the network failed), the sender opens a fresh socket and sends again everything not yet
-acknowledged; the receiver drops (and counts) what it already delivered, so nothing acknowledged is lost and nothing
-is delivered twice.
+Nothing is dropped at a high-water mark: the credits bound every queue, and every socket's high-water marks sit
+just above its window, so a peer that ignores the credits is held back by TCP, not buffered. When a link's
+connection drops (the receiver restarted, or the network failed), the sender opens a fresh socket and sends again
+everything not yet acknowledged; the receiver drops (and counts) what it already delivered, so nothing acknowledged
+is lost and nothing is delivered twice. The receiving end, and what it rejects, is `zmq_receiver`.
 
 Every socket is a `zmq_socket.TrioSocket` (how trio waits on ZeroMQ is told there, with the pub/sub endpoints);
 the CURVE keys and the rule that binding beyond loopback needs them are in `security`.
@@ -21,16 +22,17 @@ the CURVE keys and the rule that binding beyond loopback needs them are in `secu
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
-from dataclasses import dataclass
 
 import trio
 import zmq
 
 from streams.security import CurveKeys, is_loopback
-from streams.stats import count_received, count_sent, new_stats
-from streams.wire import MAX_FRAME_BYTES, DropLog, FrameError, LinkType, decode_link, encode_link
+from streams.stats import count_sent, new_stats
+from streams.wire import LINK_BYTES, MAX_FRAME_BYTES, DropLog, FrameError, LinkType, decode_link, encode_link
+from streams.zmq_receiver import ZmqReceiver
 from streams.zmq_socket import YIELD_EVERY, TrioSocket, ZmqPublisher, ZmqSubscriber
 
 log = logging.getLogger(__name__)
@@ -38,13 +40,18 @@ log = logging.getLogger(__name__)
 SENDER_LINGER_S = 1.0  # on a clean close, a sender waits this long for its messages to be acknowledged
 RECEIVER_LINGER_MS = 500  # on close, a receiver's last acknowledgements get this long to go out
 STALLED_RETRY_S = 0.2  # a link whose socket had no peer to take a message reopens after this long
-SOCKET_SLACK_BYTES = 2**20  # ZeroMQ disconnects a peer whose message part exceeds MAX_FRAME_BYTES + this
+# High-water marks: a socket queues at most its credit window and this many messages more (a peer that ignores
+# the credits is held back by TCP instead), so a receiver's memory is bounded by its senders' windows.
+HWM_SLACK = 16
+# a sender's socket takes acknowledgements only, a publisher's subscriptions (and both handshakes): a peer sending
+# a larger part is cut off
+LINK_MAX_PART_BYTES = 4096
 
 
 def _check_sizes(parts) -> None:
-    for part in parts:
-        if len(part) > MAX_FRAME_BYTES:
-            raise FrameError(f"message part of {len(part)} bytes exceeds the limit of {MAX_FRAME_BYTES}", "oversized")
+    size = sum(len(part) for part in parts)
+    if size > MAX_FRAME_BYTES:
+        raise FrameError(f"message of {size} bytes exceeds the limit of {MAX_FRAME_BYTES}", "oversized")
 
 
 async def _cancel_after(scope: trio.CancelScope, wait) -> None:
@@ -159,7 +166,8 @@ class ZmqSender:
     async def _run_link(self, link: _Link) -> None:
         with link.scope:
             while True:
-                async with self._transport.open_link(link.address, self.identity) as (sock, disconnected):
+                opened = self._transport.open_link(link.address, self.identity, link.capacity)
+                async with opened as (sock, disconnected):
                     link.sock, link.stalled = sock, trio.Event()
                     link.resend()
                     try:
@@ -180,101 +188,20 @@ class ZmqSender:
             try:
                 kind, seq, window = decode_link(frames[0]) if len(frames) == 1 else (None, 0, 0)
                 if kind is not LinkType.ACK:
-                    raise FrameError(f"expected an acknowledgement, got {len(frames)} parts", "wrong_kind")
+                    raise FrameError(f"expected an acknowledgement, got {len(frames)} parts", "bad_link")
+                link.acknowledged(seq, window)
             except FrameError as error:
                 self._drops.drop(error.reason, error)
                 continue
-            link.acknowledged(seq, window)
+            except Exception as error:  # whatever a peer sends back is never this sender's crash
+                self._drops.drop("receive_error", f"{type(error).__name__}: {error}")
+                continue
             self._credit.unpark_all()
 
     def statistics(self) -> dict:
         in_flight = sum(len(link.unacked) for link in self._links.values())
-        return {**self._stats, "in_flight": in_flight, "dropped": self._stats["dropped"] + self._drops.total()}
-
-
-@dataclass
-class _Peer:
-    """What a receiver knows of one sender: the next sequence number it expects, what it has not acknowledged."""
-
-    next_seq: int
-    unacked: int = 0
-    ack_due: bool = False
-
-
-class ZmqReceiver:
-    """Bound at `address`, fair-queued from all senders; acknowledges what it hands over, drops duplicates."""
-
-    def __init__(self, sock: TrioSocket, address: str, capacity: int, ack_when_done: bool = False):
-        self._sock = sock
-        self.address = address
-        self._capacity = capacity
-        self._ack_every = max(1, capacity // 2)
-        self._ack_when_done = ack_when_done
-        self._handed: tuple[bytes, int] | None = None  # ack_when_done: (sender, seq) the actor is working on
-        self._peers: dict[bytes, _Peer] = {}
-        self._stats = new_stats()
-        self._drops = DropLog(f"receiver {address}")
-
-    async def receive(self) -> list[bytes]:
-        if self._handed is not None:  # asking for the next: the actor is done with the last one
-            self._done(self._handed[0])
-            self._handed = None
-        while True:
-            parts = self._accept(await self._sock.receive(before_wait=self.flush_acks))
-            if parts is not None:
-                count_received(self._stats, parts)
-                return parts
-
-    def _accept(self, frames: list) -> list | None:
-        """The message's parts, or None for a duplicate or a message that is not on the link protocol."""
-        try:
-            if len(frames) < 3:
-                raise FrameError(f"message of {len(frames) - 1} parts, expected a link envelope and a body")
-            kind, seq, _ = decode_link(frames[1])
-            if kind is not LinkType.DATA:
-                raise FrameError(f"a link {kind.name} message where data was expected", "wrong_kind")
-        except FrameError as error:
-            self._drops.drop(error.reason, error)
-            return None
-        identity = bytes(frames[0])
-        peer = self._peers.setdefault(identity, _Peer(next_seq=seq))
-        if seq < peer.next_seq:  # sent again after a reconnect: delivered already
-            self._stats["duplicates"] += 1
-            peer.ack_due = True
-            return None
-        self._stats["gaps"] += seq - peer.next_seq
-        peer.next_seq = seq + 1
-        if self._ack_when_done:
-            self._handed = (identity, seq)
-        else:
-            self._done(identity)
-        return frames[2:]
-
-    def _done(self, identity: bytes) -> None:
-        peer = self._peers[identity]
-        peer.unacked += 1
-        if peer.unacked >= self._ack_every:
-            self._ack(identity, peer)
-
-    def _ack(self, identity: bytes, peer: _Peer, upto: int | None = None) -> None:
-        """Acknowledge every message from ``identity`` before ``upto`` (default: all it handed over)."""
-        upto = peer.next_seq if upto is None else upto
-        with contextlib.suppress(zmq.Again):  # a full pipe to a vanished peer: it resends, we ack again
-            self._sock.send_nowait([identity, encode_link(LinkType.ACK, upto, self._capacity)])
-        peer.unacked, peer.ack_due = 0, False
-
-    def flush_acks(self) -> None:
-        """Acknowledge what the actor is done with (on close, the message it is working on is not)."""
-        handed, seq = self._handed or (None, None)
-        for identity, peer in self._peers.items():
-            if identity == handed:
-                self._ack(identity, peer, upto=seq)
-            elif peer.unacked or peer.ack_due:
-                self._ack(identity, peer)
-
-    def statistics(self) -> dict:
-        in_flight = sum(peer.unacked for peer in self._peers.values())
-        return {**self._stats, "in_flight": in_flight, "dropped": self._drops.total()}
+        return {**self._stats, "in_flight": in_flight, "dropped": self._stats["dropped"] + self._drops.total(),
+                "rejected": dict(self._drops.counts)}
 
 
 class ZmqTransport:
@@ -301,11 +228,29 @@ class ZmqTransport:
         self._rebind = list(rebind)
         self.bound: list[str] = []  # every address bound, in order: what a restart passes as ``rebind``
 
+    def check_peer_address(self, address: str) -> None:
+        """ValueError unless ``address`` may be connected to on a peer's word (a request's ``reply_to``):
+        ``tcp://<IP address>:<port>`` (no name is resolved), and on loopback when this run's streams bind there."""
+        scheme, _, rest = address.partition("://")
+        host, _, port = rest.rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            ip = None
+        if scheme != "tcp" or ip is None or not (port.isascii() and port.isdigit() and 0 < int(port) < 2**16):
+            raise ValueError(f"{address[:100]!r} is not tcp://<IP address>:<port>")
+        if ip.is_unspecified or ip.is_multicast or (is_loopback(self.host) and not ip.is_loopback):
+            raise ValueError(f"{address[:100]!r} is not where this run's streams are ({self.host})")
+
     @contextlib.asynccontextmanager
-    async def open_receiver(self, capacity: int = 64, address: str | None = None, ack_when_done: bool = False):
-        options = {zmq.RCVHWM: 0, zmq.SNDHWM: 0, zmq.ROUTER_HANDOVER: 1}
+    async def open_receiver(self, capacity: int = 64, address: str | None = None, ack_when_done: bool = False,
+                            max_message_bytes: int = MAX_FRAME_BYTES):
+        """``max_message_bytes``: a message's parts together (ZeroMQ cuts off a peer that sends one larger part)."""
+        options = {zmq.RCVHWM: capacity + HWM_SLACK, zmq.SNDHWM: capacity + HWM_SLACK, zmq.ROUTER_HANDOVER: 1,
+                   zmq.MAXMSGSIZE: max_message_bytes + LINK_BYTES}
         async with self._open(zmq.ROUTER, options, RECEIVER_LINGER_MS, server=True) as sock:
-            receiver = ZmqReceiver(sock, await self._bind(sock, address), capacity, ack_when_done)
+            receiver = ZmqReceiver(sock, await self._bind(sock, address), capacity, ack_when_done, max_message_bytes)
             try:
                 yield receiver
             finally:  # acknowledge what the actor got, so that a successor is not sent it again
@@ -323,9 +268,10 @@ class ZmqTransport:
             nursery.cancel_scope.cancel()
 
     @contextlib.asynccontextmanager
-    async def open_link(self, address: str, identity: bytes):
+    async def open_link(self, address: str, identity: bytes, capacity: int = 64):
         """A sender's DEALER socket to one receiver, and a socket that gets a message when it disconnects."""
-        options = {zmq.ROUTING_ID: identity, zmq.SNDHWM: 0, zmq.RCVHWM: 0}
+        options = {zmq.ROUTING_ID: identity, zmq.SNDHWM: capacity + HWM_SLACK, zmq.RCVHWM: capacity + HWM_SLACK,
+                   zmq.MAXMSGSIZE: LINK_MAX_PART_BYTES}
         async with self._open(zmq.DEALER, options, linger_ms=0, server=False) as sock:
             monitor = TrioSocket(sock.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED))
             sock.socket.connect(address)
@@ -337,14 +283,15 @@ class ZmqTransport:
 
     @contextlib.asynccontextmanager
     async def open_publisher(self, capacity: int = 4, address: str | None = None):
-        async with self._open(zmq.PUB, {zmq.SNDHWM: capacity}, linger_ms=0, server=True) as sock:
+        options = {zmq.SNDHWM: capacity, zmq.MAXMSGSIZE: LINK_MAX_PART_BYTES}  # what comes in: subscriptions
+        async with self._open(zmq.PUB, options, linger_ms=0, server=True) as sock:
             yield ZmqPublisher(sock, await self._bind(sock, address))
 
     @contextlib.asynccontextmanager
-    async def open_subscriber(
-        self, addresses: list[str] = (), topics: list[bytes] = (b"",), capacity: int = 4
-    ):
-        async with self._open(zmq.SUB, {zmq.RCVHWM: capacity}, linger_ms=0, server=False) as sock:
+    async def open_subscriber(self, addresses: list[str] = (), topics: list[bytes] = (b"",), capacity: int = 4,
+                              max_message_bytes: int = MAX_FRAME_BYTES):
+        options = {zmq.RCVHWM: capacity, zmq.SNDHWM: capacity + HWM_SLACK, zmq.MAXMSGSIZE: max_message_bytes}
+        async with self._open(zmq.SUB, options, linger_ms=0, server=False) as sock:
             for topic in topics:
                 sock.socket.setsockopt(zmq.SUBSCRIBE, topic)
             subscriber = ZmqSubscriber(sock)
@@ -355,7 +302,7 @@ class ZmqTransport:
     @contextlib.asynccontextmanager
     async def _open(self, kind: int, options: dict, linger_ms: int, server: bool):
         socket = self.context.socket(kind)
-        socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + SOCKET_SLACK_BYTES)  # a peer sending more is cut off
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + LINK_BYTES)  # a peer sending a larger part is cut off
         for option, value in options.items():
             socket.setsockopt(option, value)
         if self.curve is not None:

@@ -19,11 +19,13 @@ GOOD = VersionAnnounced("main", 7).to_body()
 BAD_FRAMES = {  # reason -> frames that must be dropped for it
     "malformed": [[b"\xc1", GOOD], [header()], [header(), GOOD, GOOD], [header()[:5], GOOD],
                   [pack({"kind": "version", "v": WIRE_VERSION}), GOOD]],
-    "oversized": [[header(), b"\0" * (FRAME_LIMITS[Kind.VERSION] + 1)]],
+    "oversized": [[header(), b"\0" * (FRAME_LIMITS[Kind.VERSION] + 1)],
+                  [header(), *[b"\0" * (FRAME_LIMITS[Kind.VERSION] // 2)] * 3]],  # every part counts
     "unknown_kind": [[header(kind="telepathy"), GOOD]],
     "wrong_version": [[header(v=WIRE_VERSION + 1), GOOD]],
     "wrong_kind": [[header(kind="completion"), GOOD]],
-    "bad_body": [[header(), GOOD[:-3]], [header(), pack({"policy": "main", "version": "7"})]],
+    "bad_body": [[header(), GOOD[:-3]], [header(), pack({"policy": "main", "version": "7"})],
+                 [header(), pack({"policy": "main", "version": 7, "x": [[]] * 1000})]],  # a shape no version has
 }
 
 
@@ -41,6 +43,7 @@ def test_each_kind_of_bad_frame_is_dropped_and_counted_and_the_next_good_one_arr
                 assert await inbox.receive() == VersionAnnounced("main", 7)
             stats = inbox.statistics()
             assert stats["dropped_by_reason"] == {reason: len(bad) for reason, bad in BAD_FRAMES.items()}
+            assert stats["rejected"] == stats["dropped_by_reason"]  # the link took every one of them
             assert stats["dropped_frames"] == len(frames) - 1 and stats["received"] == len(frames)
             peer.close(0)
 
