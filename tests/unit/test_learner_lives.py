@@ -155,6 +155,44 @@ def test_the_next_batch_waits_for_the_new_lifes_weights():
     trio.run(main)
 
 
+def test_vllm_requests_wait_until_the_new_lifes_weights_are_loaded_into_the_engine():
+    class Engine:  # vLLM's stand-in: what was loaded, in order
+        version, loads = 0, []
+
+        async def load(self, version, data):
+            self.loads.append((version, float(torch.frombuffer(bytearray(data[-4:]), dtype=torch.float32)[0])))
+            self.version = version
+
+    files, engine = Files(), Engine()
+    actor = RolloutActor(RolloutConfig(model_path="unused"), name="rollout-v")
+    answered = []
+
+    async def request(min_version: int):
+        await actor._wait_for_version(min_version)
+        answered.append((actor.version, actor.life))
+
+    async def main():
+        actor._weights_arrived, actor._version_changed = trio.Event(), trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(actor._apply_weights, engine)
+            actor._life_announced(0)
+            actor._latest_weights = weights(files, 0, 12)
+            actor._wake()
+            await request(12)
+            actor._life_announced(1)  # life 1, from the checkpoint at 10: a new request waits for its weights
+            nursery.start_soon(request, 0)
+            await trio.testing.wait_all_tasks_blocked()
+            assert answered == [(12, 0)] and actor.statistics()["version_waits"] == 2  # (the first waited too)
+            actor._latest_weights = weights(files, 1, 10)
+            actor._wake()
+            await trio.testing.wait_all_tasks_blocked()
+            assert answered == [(12, 0), (10, 1)]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert engine.loads == [(12, 12.0), (10, 110.0)]
+
+
 def weights(files: Files, life: int, version: int):
     from streams.weights import FetchedWeights
 
