@@ -6,7 +6,8 @@ a learner group that trains data-parallel (docs/learner.md), and everything belo
 Each batch from replay is one update; after it the version goes up by one and the new weights are
 published to every rollout actor of the policy (and the new version to whoever follows it). Every
 announcement names the learner's ``life``, its start in the run (the driver counts them): a learner restarted
-from an older checkpoint announces lower versions in a newer life, and its followers take them (docs/faults-and-scaling.md).
+from an older checkpoint announces lower versions in a newer life, and its followers take them
+(docs/faults-and-scaling.md, "Learner lives").
 
 Before an update the staleness bound is enforced: a turn with a token more than ``max_staleness`` versions
 older than the learner is dropped from the batch and counted (admission control upstream bounds how many
@@ -354,7 +355,8 @@ class LearnerActor:
         last = self.history[-1] if self.history else {}
         wall = time.perf_counter() - self._first_batch_at if self._first_batch_at else 0.0
         busy = min((self._totals["train_s"] - self._resumed_train_s) / wall, 1.0) if wall > 0 else 0.0
-        return {**self._totals, **self._out_of_order, "version": self.version, "life": self.cfg.life, "cursor": self.cursor, "last": last,
+        return {**self._totals, **self._out_of_order, "version": self.version, "life": self.cfg.life,
+                "cursor": self.cursor, "last": last,
                 "dropped_frames": dropped, "busy": busy, "snapshots": list(self.snapshots), "resets": list(self.resets),
                 "staleness_hist": {str(k): self._staleness[k] for k in sorted(self._staleness)},
                 "weights": self._weights.stats if self._weights else {},

@@ -205,7 +205,8 @@ class LearnerFeed:
             try:
                 header, body = decode_frame(parts)
                 if header.kind not in self.DECODERS:
-                    raise FrameError(f"frame of kind {header.kind.value!r}, expected version or weights", "wrong_kind")
+                    raise FrameError(f"frame of kind {header.kind.value!r}, expected version or weights",
+                                     "wrong_kind")
             except FrameError as error:
                 self.drops.drop(error.reason, error)
                 continue
