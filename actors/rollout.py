@@ -301,6 +301,8 @@ class RolloutActor(RolloutWeights):
         results, started = [], time.perf_counter()
         swap = (lambda: self._swap_mid_batch(model)) if self.cfg.interruptible and frozen_version is None else None
         for (temperature, max_tokens), requests in groups.items():
+            if swap is not None and self._held_dead():  # the learner started again since the batch began
+                await self._catch_up(model, 0)
             samples = await trio.to_thread.run_sync(lambda: sample(
                 model, [r.prompt_ids for r in requests], eos_id=tokenizer.eos_token_id,
                 pad_id=tokenizer.pad_token_id, temperature=temperature, max_new_tokens=max_tokens,
