@@ -132,3 +132,13 @@ def test_the_driver_waits_between_restarts_and_stops_past_the_limit_saying_how_t
                                            rf"continue it with `tidal launch resume={run.dir}`"):
         run.recover("learner", RuntimeError())
     assert len(cluster.restarted) == 2 and run.restarts == {"learner": 2}
+
+
+@pytest.mark.parametrize("override, message", [("run.max_restarts=0", "run.max_restarts=0: must be >= 1"),
+                                               ("run.restart_window_s=0", "run.restart_window_s=0.0: must be > 0"),
+                                               ("run.restart_backoff_s=-1", "run.restart_backoff_s=-1.0: must be >= 0")])
+def test_restart_limits_out_of_range_are_refused_naming_the_key(override, message):
+    from actors.cli import load_config
+
+    with pytest.raises(ValueError, match=message):
+        load_config([override])
