@@ -15,6 +15,9 @@ start_version * batch_episodes (what the learner consumed before this life), or 
 launcher says (after a rebalance). A restarted env actor also counts as started what its predecessors
 delivered (``started_before``, per member, from replay): their episodes still in flight died with them and
 are replaced by new ones. In a league, admission is kept per member, against that member's learner version.
+
+The version is the live learner's: a learner restarted from an older checkpoint is a new life, and its lower
+version is taken (the limit shrinks until it has retrained what its predecessor had; nothing started is lost).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Admission:
         self.own, self.max_staleness, self.batch_episodes = own, max_staleness, batch_episodes
         self.slot = _checked(slot)
         self._versions = dict(versions or {own: 0})
+        self._lives: dict[str, int] = {}  # member -> the newest life of its learner announced
         self._started = {m: self._share(v * batch_episodes) for m, v in self._versions.items()}
         if offset is not None:
             self._started[own] = offset
@@ -84,16 +88,25 @@ class Admission:
         self._versions[member] = version
         self._moved()
 
-    def version_announced(self, member: str, version: int) -> None:
-        """A learner published ``version``: a newer one of a member admitted here widens its limit."""
-        if version > self._versions.get(member, version):
+    def version_announced(self, member: str, version: int, life: int | None = None) -> None:
+        """``member``'s learner published ``version`` in its ``life``: a newer version of the life known widens its
+        limit; a newer life's version is taken even when lower (a learner restarted from an older checkpoint: its
+        predecessor's versions are nobody's any more). The first life heard of is taken as it is. A member not
+        admitted here, or an older life, changes nothing."""
+        if member not in self._versions:
+            return
+        known = self._lives.get(member)
+        if life is not None and (known is None or life > known):
+            self._lives[member] = life
+            self.set_version(member, version)
+        elif (life is None or life == known) and version > self._versions[member]:
             self.set_version(member, version)
 
     async def follow_versions(self, inbox: Inbox) -> None:
         """Take each version announced on ``inbox`` (``VersionAnnounced``), for ever."""
         while True:
             announced = await inbox.receive()
-            self.version_announced(announced.policy_id, announced.version)
+            self.version_announced(announced.policy_id, announced.version, announced.life)
 
     def rebalance(self, slot: tuple[int, int], delta: int) -> int:
         """A scale of env actors: from now on this actor is ``slot`` = (i, n) of the n sharing the allowance,
@@ -109,7 +122,8 @@ class Admission:
     def statistics(self) -> dict:
         return {"admission_waits": self.waits, "started": sum(self._started.values()), "admission_offset": self.offset,
                 "admission_slot": list(self.slot), "learner_version": self.version(self.own),
-                "admission_limit": sum(map(self.limit, self._started)), "versions": dict(self._versions)}
+                "admission_limit": sum(map(self.limit, self._started)), "versions": dict(self._versions),
+                "learner_lives": dict(self._lives)}
 
     def _share(self, allowance: int) -> int:
         """This actor's exact share of ``allowance`` among the env actors."""

@@ -36,7 +36,7 @@ BUILT = {
                 "admission_offset", "ledger_dir", "life"),
     RolloutConfig: ("model_path", "policy_id", "backend", "seed", "snapshot_dir"),
     LearnerConfig: ("model_path", "policy_id", "temperature", "max_staleness", "save_dir", "checkpoint_every",
-                    "resume", "data_life", "seed", "budget_s", "budget_versions", "ranks"),
+                    "resume", "data_life", "life", "seed", "budget_s", "budget_versions", "ranks"),
     ReplayConfig: ("spill_dir", "checkpoint_dir", "resume"),
     LeagueConfig: ("members", "state_dir", "resume", "seed"),
 }
@@ -106,6 +106,9 @@ class RunSection:
     progress: bool = True
     ledger: bool = False  # write each delivered training episode's id (run dir/ledger): the chaos benchmark's
     restart: bool = True  # restart an actor that died (any kind); false: end the run and say how to resume
+    max_restarts: int = 5  # restarts of one actor within restart_window_s; one more death ends the run
+    restart_window_s: float = 600.0
+    restart_backoff_s: float = 2.0  # an actor's 2nd restart within the window waits this long after its 1st, then x2
 
 
 @dataclass
@@ -266,6 +269,13 @@ def check(cfg: RunConfig) -> None:
         problems.append("rollout.autoscale.enabled needs run.mode=ray (in one process no actor can leave)")
     if cfg.learner.ranks > 1 and cfg.run.mode != "ray":
         problems.append(f"learner.ranks={cfg.learner.ranks} needs run.mode=ray (each rank is a process of its own)")
+    run = cfg.run
+    for key, value, ok, wanted in (("max_restarts", run.max_restarts, run.max_restarts >= 1, ">= 1 (run.restart="
+                                    "false restarts nothing)"), ("restart_window_s", run.restart_window_s,
+                                   run.restart_window_s > 0, "> 0"),
+                                   ("restart_backoff_s", run.restart_backoff_s, run.restart_backoff_s >= 0, ">= 0")):
+        if not ok:
+            problems.append(f"run.{key}={value}: must be {wanted}")
     for key, count in (("env.count", cfg.env.count), ("rollout.count", cfg.rollout.count),
                        ("learner.ranks", cfg.learner.ranks)):
         if count < 1:

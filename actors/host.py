@@ -4,6 +4,10 @@
 process, runs its loop in a thread (``trio.run``) over ZeroMQ, and answers control calls by running them
 on that loop. ``LocalCluster`` is the in-process mode: every actor on one trio loop, wired with in-memory
 channels (or ZeroMQ sockets, for tests of the real data plane without Ray).
+
+A loop that raises is a crashed actor: an ``ActorHost`` logs the traceback and ends its process (status
+``LOOP_CRASH_EXIT``), so Ray reports a dead actor and the run restarts it as after a kill; in a ``LocalCluster``
+the error, naming the actor, ends the run (one process cannot restart one actor).
 """
 
 from __future__ import annotations
@@ -21,15 +25,28 @@ log = logging.getLogger(__name__)
 # how long a stopping loop may take: a learner finishes the update under way and writes its last checkpoint
 # (minutes for a model of real size on a CPU); a loop cut off earlier would lose them
 STOP_TIMEOUT_S = 600.0
+# ``call(name, CRASH, reason)``: raise inside the actor's running trio loop, as a bug would (benchmarks/chaos.py).
+# A dunder name: no actor defines it, and no stream carries method names.
+CRASH = "__crash__"
+LOOP_CRASH_EXIT = 71  # the exit status of an actor's process whose loop raised (a learner group's failure: 70)
+
+
+class ActorCrashed(RuntimeError):
+    """An actor's trio loop raised. In a process of its own the process ends (Ray then reports a dead actor, and
+    the run restarts it); in one process with the others (``LocalCluster``) it ends the run, naming the actor."""
 
 
 class _LoopThread:
-    """A trio loop in a daemon thread, with a nursery other threads can start tasks in."""
+    """A trio loop in a daemon thread, with a nursery other threads can start tasks in.
 
-    def __init__(self, name: str):
+    ``on_crash(error)``: called (after the traceback is logged) when the loop ends with an error while not
+    stopping; an ``ActorHost`` ends its process there."""
+
+    def __init__(self, name: str, on_crash=None):
         self._ready = threading.Event()
         self._thread = threading.Thread(target=trio.run, args=(self._main,), name=name, daemon=True)
         self._error: BaseException | None = None
+        self._on_crash, self._stopping = on_crash, False
         self._thread.start()
         self._ready.wait()
 
@@ -40,10 +57,11 @@ class _LoopThread:
                 self.nursery = nursery
                 self._ready.set()
                 await trio.sleep_forever()
-        except BaseException as error:  # surface a crashed actor to the caller of the next call
+        except BaseException as error:  # surface a crashed actor to the caller of the next call (logged once, here)
             self._error = error
             log.exception("actor loop %s ended with an error", self._thread.name)
-            raise
+            if self._on_crash is not None and not self._stopping:
+                self._on_crash(error)
         finally:
             self._ready.set()
 
@@ -52,11 +70,26 @@ class _LoopThread:
         return trio.from_thread.run(self.nursery.start, async_fn, *args, trio_token=self.token)
 
     def call(self, fn, *args):
-        if self._error is not None:
-            raise RuntimeError(f"the actor loop has stopped: {self._error!r}") from self._error
-        return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
+        if self._error is None:
+            try:
+                return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
+            except trio.RunFinishedError:  # the loop has ended: with an error?
+                self._thread.join(5.0)
+                if self._error is None:
+                    raise
+        raise ActorCrashed(f"{crash_description(self._error)} (its traceback is logged); the actor loop has "
+                           "stopped") from self._error
+
+    def crash(self, name: str, reason: str = "a crash asked for") -> None:
+        """Raise ``ActorCrashed`` inside the loop, as a task of it (``CRASH``)."""
+
+        async def crash():
+            raise ActorCrashed(f"the {name} actor's loop raised: {reason}")
+
+        trio.from_thread.run_sync(self.nursery.start_soon, crash, trio_token=self.token)
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        self._stopping = True
         try:
             trio.from_thread.run_sync(self.nursery.cancel_scope.cancel, trio_token=self.token)
         except trio.RunFinishedError:
@@ -68,6 +101,38 @@ class _LoopThread:
             self._thread.join(max(timeout - 5.0, 0.0))
 
 
+def crash_description(error: BaseException) -> str:
+    """What ended a loop: the ``ActorCrashed`` inside ``error`` (maybe in an exception group, as trio raises),
+    else ``error`` itself."""
+    found, pending = None, [error]
+    while pending and found is None:
+        e = pending.pop(0)
+        found = e if isinstance(e, ActorCrashed) else None
+        pending += list(getattr(e, "exceptions", ()))
+    return str(found) if found is not None else f"an actor's loop raised {error!r}"
+
+
+def _end_process(name: str):
+    def end(error: BaseException) -> None:
+        log.critical("%s: its loop raised (traceback above); ending its process with status %d, so that the run "
+                     "sees a dead actor and restarts it", name, LOOP_CRASH_EXIT)
+        logging.shutdown()
+        os._exit(LOOP_CRASH_EXIT)
+
+    return end
+
+
+async def _named(name: str, run, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """An actor's ``run``, whose error names the actor (one loop holds every actor: ``LocalCluster``)."""
+    try:
+        await run(transport, peers, task_status=task_status)
+    except Exception as error:
+        leaf = error
+        while getattr(leaf, "exceptions", None):  # trio's exception groups: what was raised
+            leaf = leaf.exceptions[0]
+        raise ActorCrashed(f"the {name} actor's loop raised {type(leaf).__name__}: {leaf}") from error
+
+
 class ActorHost:
     """One actor in this process, its loop in a thread, its streams on ZeroMQ. Ray wraps this class."""
 
@@ -77,7 +142,8 @@ class ActorHost:
         self.actor = actor_cls(cfg, name=name)
         self.transport = ZmqTransport(host=host, curve=CurveKeys.load(curve_dir) if curve_dir else None,
                                       rebind=rebind)
-        self._loop = _LoopThread(name)
+        self._loop = _LoopThread(name, on_crash=_end_process(name))
+        self.name = name
 
     def start(self, peers: dict) -> dict:
         """Bind, connect to ``peers`` and start serving; returns this actor's addresses."""
@@ -88,6 +154,8 @@ class ActorHost:
         return list(self.transport.bound)
 
     def call(self, method: str, *args):
+        if method == CRASH:
+            return self._loop.crash(self.name, *args)
         return self._loop.call(getattr(self.actor, method), *args)
 
     def statistics(self) -> dict:
@@ -110,7 +178,7 @@ class LocalCluster:
 
     def spawn(self, name: str, actor_cls, cfg, peers: dict) -> dict:
         actor = self.actors[name] = actor_cls(cfg, name=name)
-        return self._loop.start(actor.run, self.transport, peers)
+        return self._loop.start(_named, name, actor.run, self.transport, peers)
 
     def spawn_many(self, actors: list[tuple]) -> list[dict]:
         return [self.spawn(*actor) for actor in actors]
@@ -120,7 +188,15 @@ class LocalCluster:
             raise ValueError("a learner group of several ranks needs run.mode=ray")
 
     def call(self, name: str, method: str, *args):
-        return self._loop.call(getattr(self.actors[name], method), *args)
+        """``method`` of actor ``name``, on the loop. An actor's crash ended the loop: ``ActorCrashed``, naming it
+        (one process cannot restart an actor: the run ends; ``run.mode=ray`` restarts it)."""
+        if method == CRASH:
+            return self._loop.crash(name, *args)
+        try:
+            return self._loop.call(getattr(self.actors[name], method), *args)
+        except ActorCrashed as error:
+            raise ActorCrashed(f"{error}. run.mode=local runs every actor in this one process, which cannot restart "
+                               "one: the run ends (run.mode=ray restarts a crashed actor)") from error.__cause__
 
     def statistics(self, name: str) -> dict:
         return self.call(name, "statistics")

@@ -4,7 +4,10 @@ The model and optimizer are its ``Trainer``'s (``actors/trainer.py``); with ``ra
 a learner group that trains data-parallel (docs/learner.md), and everything below holds for the group.
 
 Each batch from replay is one update; after it the version goes up by one and the new weights are
-published to every rollout actor of the policy (and the new version to whoever follows it).
+published to every rollout actor of the policy (and the new version to whoever follows it). Every
+announcement names the learner's ``life``, its start in the run (the driver counts them): a learner restarted
+from an older checkpoint announces lower versions in a newer life, and its followers take them
+(docs/faults-and-scaling.md, "Learner lives").
 
 Before an update the staleness bound is enforced: a turn with a token more than ``max_staleness`` versions
 older than the learner is dropped from the batch and counted (admission control upstream bounds how many
@@ -82,6 +85,7 @@ class LearnerConfig:
     checkpoint_every: int = 0  # versions between checkpoints (0: only when the learner stops)
     resume: bool = False  # continue from the checkpoint in save_dir
     data_life: str = ""  # the replay spill's life: a checkpoint's data cursor counts only within the same life
+    life: int = 0  # this start of the learner in the run's life (0 the first; the driver counts the restarts)
     seed: int = 0
 
     def __post_init__(self):
@@ -171,7 +175,7 @@ class LearnerActor:
                     model_lock = trio.Lock()
                     self._snapshot_roots, roots = trio.open_memory_channel(16)
                     nursery.start_soon(self._write_snapshots, roots, model_lock, versions_out)
-                    await self._publish(None)
+                    await self._publish(versions_out)
                     while True:
                         table, seq = await self._inbox.receive()
                         if not self._in_order(seq):
@@ -200,12 +204,14 @@ class LearnerActor:
         the policy then starts again from the base model."""
         self._snapshot_roots.send_nowait((root, reset))
 
-    async def _publish(self, versions_out: Outbox | None) -> None:
-        """The weights of ``self.version`` to the rollout actors, and the version to whoever follows it."""
+    async def _publish(self, versions_out: Outbox) -> None:
+        """The weights of ``self.version`` to the rollout actors, and the version and life to whoever follows."""
         weights = await trio.to_thread.run_sync(lambda: weights_to_bytes(self.trainer.full_state()))
+        await versions_out.send(self._announcement())  # first: its manifest belongs to this life (LearnerFeed)
         await self._weights.publish(self.version, weights)
-        if versions_out is not None:
-            await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
+
+    def _announcement(self) -> bytes:
+        return VersionAnnounced(self.cfg.policy_id, self.version, self.cfg.life).to_body()
 
     async def _write_snapshots(self, roots, model_lock: trio.Lock, versions_out: Outbox) -> None:
         async for root, reset in roots:
@@ -235,7 +241,7 @@ class LearnerActor:
     async def _announce(self, versions_out: Outbox, weights: WeightsPublisher) -> None:
         while True:
             await trio.sleep(self.cfg.announce_every_s)
-            await versions_out.send(VersionAnnounced(self.cfg.policy_id, self.version).to_body())
+            await versions_out.send(self._announcement())  # the latest manifest follows (its life's)
             await weights.announce_latest()
 
     def _in_order(self, seq: int | None) -> bool:
@@ -350,7 +356,8 @@ class LearnerActor:
         last = self.history[-1] if self.history else {}
         wall = time.perf_counter() - self._first_batch_at if self._first_batch_at else 0.0
         busy = min((self._totals["train_s"] - self._resumed_train_s) / wall, 1.0) if wall > 0 else 0.0
-        return {**self._totals, **self._out_of_order, "version": self.version, "cursor": self.cursor, "last": last,
+        return {**self._totals, **self._out_of_order, "version": self.version, "life": self.cfg.life,
+                "cursor": self.cursor, "last": last,
                 "dropped_frames": dropped, "busy": busy, "snapshots": list(self.snapshots), "resets": list(self.resets),
                 "staleness_hist": {str(k): self._staleness[k] for k in sorted(self._staleness)},
                 "weights": self._weights.stats if self._weights else {},

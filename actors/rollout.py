@@ -11,7 +11,9 @@ version of every token, each completion sent to the address named in its request
   they arrive; requests in flight resume from their prefix with them.
 
 Either way a request waits until the actor holds weights at least as new as its ``min_version``, so no
-token is older than the learner version its env actor acted on.
+token is older than the learner version its env actor acted on. A restarted learner is a new *life*: the actor
+follows it even to a lower version, and samples nothing more with the dead life's weights once the new one
+announced itself (``actors/rollout_weights.py``).
 
 In a league the actor also serves its member's frozen snapshots: a request whose ``policy_id`` is a snapshot id
 ``<policy_id>-v<n>`` is sampled with that snapshot's weights, loaded from ``snapshot_dir`` on first use (checked
@@ -44,8 +46,9 @@ from streams.endpoints import Inbox
 from actors.engines.hf import device_generator, sample
 from actors.engines.snapshots import SnapshotError, load_snapshot, parse_snapshot_id
 from actors.engines.vllm_engine import VllmOptions
-from streams.weights import FetchedWeights, WeightsFollower, load_weights
-from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest, WeightsManifest
+from actors.rollout_weights import RolloutWeights
+from streams.weights import FetchedWeights, LearnerFeed, WeightsFollower
+from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, Completion, GenerationRequest
 from streams.replies import open_replies
 from streams.wire import Kind
 
@@ -92,15 +95,15 @@ class RolloutConfig:
 BACKENDS = ("hf", "vllm")
 
 
-class RolloutActor:
+class RolloutActor(RolloutWeights):
     def __init__(self, cfg: RolloutConfig, name: str = "rollout"):
         self.cfg, self.name = cfg, name
-        self.version = 0
+        self.version, self.life, self._live_life = 0, None, None  # see actors/rollout_weights.py
         self._latest_weights: FetchedWeights | None = None  # set on the trio loop, taken by the sampling thread
         self._weights_lock = threading.Lock()
         self._stats = {"requests": 0, "tokens": 0, "batches": 0, "generate_s": 0.0, "weights_applied": 0,
                        "weights_applied_mid_batch": 0, "version_waits": 0, "idle_s": 0.0,
-                       "refused_requests": 0}
+                       "refused_requests": 0, "lives_followed": 0}
         self._started_at = time.perf_counter()
         self._queue = None
         self._follower = None
@@ -116,15 +119,16 @@ class RolloutActor:
         queue_in, queue_out = trio.open_memory_channel(4 * self.cfg.max_batch)
         completions_in, completions_out = trio.open_memory_channel(self.cfg.max_batch)
         self._queue, self._weights_arrived, self._version_changed = queue_out, trio.Event(), trio.Event()
-        topic = WEIGHTS_TOPIC + self.cfg.policy_id.encode()
+        policy = self.cfg.policy_id.encode()
         try:
             async with (
                 transport.open_receiver(capacity=1024) as requests,
-                transport.open_subscriber(peers.get("weights", []), topics=[topic]) as weights,
+                transport.open_subscriber(peers.get("weights", []), topics=[VERSION_TOPIC + policy,
+                                                                            WEIGHTS_TOPIC + policy]) as weights,
                 trio.open_nursery() as nursery,
             ):
                 self._inbox = Inbox(requests, Kind.GENERATE, GenerationRequest.from_body)
-                manifests = Inbox(weights, Kind.WEIGHTS, WeightsManifest.from_body, topic=True)
+                manifests = LearnerFeed(weights)  # versions and lives, and manifests, in order
                 self._follower = WeightsFollower(transport, shared_memory=self.cfg.weights_shared_memory)
                 self._streams = {"requests": self._inbox, "weights": manifests}
                 nursery.start_soon(self._queue_requests, queue_in)
@@ -170,46 +174,6 @@ class RolloutActor:
     async def _queue_requests(self, queue_in) -> None:
         while True:
             await queue_in.send(await self._inbox.receive())
-
-    async def _follow_weights(self, inbox: Inbox) -> None:
-        while True:
-            manifest = await inbox.receive()
-            pending = self._latest_weights
-            if manifest.version <= max(self.version, pending.version if pending else -1):
-                continue
-            data = await self._follower.fetch(manifest)  # from shared memory, or in chunks; checked
-            if data is None:
-                continue
-            with self._weights_lock:
-                if self._latest_weights is None or manifest.version > self._latest_weights.version:
-                    self._latest_weights = FetchedWeights(manifest.version, data)
-            self._weights_arrived.set()
-            self._weights_arrived = trio.Event()
-
-    def _take_weights(self, model) -> int | None:
-        """Load the newest weights that arrived, if any (in the thread that owns the model); their version."""
-        with self._weights_lock:
-            weights, self._latest_weights = self._latest_weights, None
-        if weights is None or weights.version <= self.version:
-            return None
-        load_weights(model, weights.tensors)
-        self.version = weights.version
-        self._stats["weights_applied"] += 1
-        return self.version
-
-    async def _catch_up(self, model, needed: int) -> None:
-        """Apply what arrived; then, while older than ``needed``, wait for newer weights."""
-        await trio.to_thread.run_sync(self._take_weights, model)
-        while self.version < needed:
-            arrived = self._weights_arrived
-            if self._latest_weights is None:
-                self._stats["version_waits"] += 1
-                with trio.move_on_after(30) as waited:
-                    await arrived.wait()
-                if waited.cancelled_caught:
-                    log.warning("%s: still waiting for weights of version %d (holding %d)", self.name, needed,
-                                self.version)
-            await trio.to_thread.run_sync(self._take_weights, model)
 
     async def _send_completions(self, completions, transport) -> None:
         """Each to its request's ``reply_to``, if the transport may connect there; a destination that takes nothing
@@ -326,32 +290,6 @@ class RolloutActor:
         finally:
             slots.release()
 
-    async def _apply_weights(self, sampler) -> None:
-        """vllm: load each version into the running engine as soon as it arrives."""
-        while True:
-            arrived = self._weights_arrived
-            with self._weights_lock:
-                weights, self._latest_weights = self._latest_weights, None
-            if weights is None or weights.version <= self.version:
-                await arrived.wait()
-                continue
-            await sampler.load(weights.version, weights.tensors)
-            self.version = sampler.version
-            self._stats["weights_applied"] += 1
-            changed, self._version_changed = self._version_changed, trio.Event()
-            changed.set()
-
-    async def _wait_for_version(self, needed: int) -> None:
-        if self.version < needed:
-            self._stats["version_waits"] += 1
-        while self.version < needed:
-            changed = self._version_changed
-            with trio.move_on_after(30) as waited:
-                await changed.wait()
-            if waited.cancelled_caught:
-                log.warning("%s: still waiting for weights of version %d (holding %d)", self.name, needed,
-                            self.version)
-
     async def _generate(self, model, tokenizer, batch: list[GenerationRequest], generator,
                         frozen_version: int | None = None):
         """Sample every request of the batch; requests with the same sampling settings share one pass.
@@ -362,6 +300,8 @@ class RolloutActor:
         results, started = [], time.perf_counter()
         swap = (lambda: self._swap_mid_batch(model)) if self.cfg.interruptible and frozen_version is None else None
         for (temperature, max_tokens), requests in groups.items():
+            if swap is not None and self._held_dead():  # the learner started again since the batch began
+                await self._catch_up(model, 0)
             samples = await trio.to_thread.run_sync(lambda: sample(
                 model, [r.prompt_ids for r in requests], eos_id=tokenizer.eos_token_id,
                 pad_id=tokenizer.pad_token_id, temperature=temperature, max_new_tokens=max_tokens,
@@ -376,15 +316,11 @@ class RolloutActor:
         self._stats["batches"] += 1
         return results
 
-    def _swap_mid_batch(self, model) -> int | None:
-        version = self._take_weights(model) if self._latest_weights is not None else None
-        self._stats["weights_applied_mid_batch"] += version is not None
-        return version
-
     def statistics(self) -> dict:
         inbox = self._inbox.statistics() if self._inbox else {}
         wall = time.perf_counter() - self._started_at
-        return {**self._stats, "version": self.version, "backend": self.cfg.backend, "dropped_frames": inbox.get("dropped_frames", 0),
+        return {**self._stats, "version": self.version, "life": self.life, "learner_life": self._live_life,
+                "backend": self.cfg.backend, "dropped_frames": inbox.get("dropped_frames", 0),
                 "idle_fraction": min(self._stats["idle_s"] / wall, 1.0) if wall > 0 else 0.0,
                 "queued_requests": self._queue.statistics().current_buffer_used if self._queue else 0,
                 "weights": self._follower.stats if self._follower else {},

@@ -1,20 +1,31 @@
-"""Chaos: SIGKILL one actor of every kind at random times during a real run; scale rollouts 1 -> 4 -> 2, envs 2 -> 3 -> 2.
+"""Chaos: kill one actor of every kind and crash one of every kind at random times during a real run; scale rollouts
+1 -> 4 -> 2, envs 2 -> 3 -> 2.
 
     python benchmarks/chaos.py [--quick] [--seed 0] [--minutes 6] [--out runs/chaos] [overrides...]
 
 The default job (self-play TicTacToe) on an embedded Ray cluster, with the env actors' ledgers on: each writes
-the id of every training episode the reward actor acknowledged. One actor of each kind (reward, replay, learner,
-an env actor, a rollout actor) is killed with SIGKILL, in a random order at random times (each after the
-previous one is back; with ``learner.ranks=2`` the learner's victim is one of its ranks), and the run asks for 4 rollout actors, later 2, and for 3 env actors, later 2 (a leaving
-env actor first delivers the episodes it started). At the end every episode is accounted
-for by id: produced (in a ledger), consumed (in a batch the learner's final checkpoint had consumed), still
-held by replay, lost (produced and nowhere) and duplicated (trained more than once). The time to recover from
-a kill is from the kill to the first metrics row, once the actor is back and the learner past its version at
-the kill, whose episodes/s is back to 75% of its mean over the last 10 rows before the kill. Ends with:
+the id of every training episode the reward actor acknowledged. Two faults hit each kind (reward, replay, learner,
+an env actor, a rollout actor), in a random order at random times, each after the previous one is back (with
+``learner.ranks=2`` the learner's victim is one of its ranks):
 
-    kills=<n> lost=<n> duplicated=<n> recover_s=<max seconds> scale_events=<n>
+- a kill: SIGKILL of its process. The learner's is a learner restarted from an older checkpoint: it is killed
+  between two checkpoints (at least 2 versions past the last), and its followers must take its lower versions (a
+  new life): the benchmark waits until every rollout actor holds the new life's weights and every env actor
+  counts admission against its version, and says from which version to which the learner went back;
+- a crash: an exception raised inside the actor's running trio loop (``ActorHost.call(CRASH)``), which ends its
+  process as a bug would, and the run restarts it as after a kill.
 
-`--quick` (about two minutes): 2 minutes of training, small batches.
+Meanwhile the run asks for 4 rollout actors, later 2, and for 3 env actors, later 2 (a leaving env actor first
+delivers the episodes it started). At the end every episode is accounted for by id: produced (in a ledger),
+consumed (in a batch the learner's final checkpoint had consumed), still held by replay, lost (produced and
+nowhere) and duplicated (trained more than once); and the staleness of every trained token is checked against the
+bound (``staleness_max``, of the live learner's versions). The time to recover from a fault is from the fault to
+the first metrics row, once the actor is back and the learner past its version at the fault, whose episodes/s is
+back to 75% of its mean over the last 10 rows before it. Ends with:
+
+    kills=<n> crashes=<n> lost=<n> duplicated=<n> recover_s=<max seconds> scale_events=<n> staleness_max=<n>
+
+`--quick` (about four minutes): 3 minutes of training, small batches.
 """
 
 from __future__ import annotations
@@ -33,22 +44,25 @@ from pathlib import Path
 import ray
 
 from actors.cli import load_config
+from actors.host import CRASH
 from actors.learner import checkpoint_cursor
 from actors.runs.driver import Driver
 from actors.spill import account_episodes
 
 KINDS = ["reward", "replay", "learner", "env", "rollout"]
+FAULTS = ["kill", "crash"]
 SCALES = [(0.2, "rollout", 4), (0.35, "env", 3), (0.55, "rollout", 2), (0.7, "env", 2)]  # (share of the budget, ...)
 QUICK = ["replay.args.batch_episodes=16", "replay.args.capacity_episodes=32", "env.args.concurrency=16",
          "eval.endpoint_games_per_seat=4", "sampling.max_new_tokens=4", "learner.checkpoint_every=5"]
+QUICK_MINUTES = 3.0
 
 
 def schedule(rng: random.Random, budget_s: float) -> list[tuple[float, str, object]]:
-    """Kills at random times in the middle 10%-85% of the budget, one of each kind in a random order, and the
-    scale events; sorted by time."""
-    kinds = rng.sample(KINDS, len(KINDS))
-    times = sorted(rng.uniform(0.1, 0.85) * budget_s for _ in kinds)
-    events = [(t, "kill", kind) for t, kind in zip(times, kinds)]
+    """A kill and a crash of each kind at random times in the middle 5%-85% of the budget, in a random order, and
+    the scale events; sorted by time."""
+    faults = rng.sample([(fault, kind) for kind in KINDS for fault in FAULTS], len(KINDS) * len(FAULTS))
+    times = sorted(rng.uniform(0.05, 0.85) * budget_s for _ in faults)
+    events = [(t, fault, kind) for t, (fault, kind) in zip(times, faults)]
     events += [(share * budget_s, "scale", (kind, count)) for share, kind, count in SCALES]
     return sorted(events, key=lambda e: e[0])
 
@@ -70,17 +84,69 @@ def victim(run: Driver, kind: str, rng: random.Random) -> str:
             "env": rng.choice(top.envs), "rollout": rng.choice(group.rollouts)}[kind]
 
 
+def statistics(name: str) -> dict:
+    return ray.get(ray.get_actor(name).statistics.remote())
+
+
+def between_checkpoints(run: Driver) -> int:
+    """Wait until the learner is at least 2 versions past its last checkpoint and 2 before its next (so that a kill
+    now restarts it from an older checkpoint); its version."""
+    every = run.cfg.learner.checkpoint_every
+    learner = run.top.groups[run.cfg.run.policy_id].learner
+    seen = {}
+
+    def past_checkpoint() -> bool:
+        seen["version"] = statistics(learner)["version"]
+        return every < 4 or 2 <= seen["version"] % every <= every - 2
+
+    wait_for(past_checkpoint, "the learner between two checkpoints")
+    return seen["version"]
+
+
+def followed_new_life(run: Driver, fault: dict) -> None:
+    """After the learner's restart: until every rollout actor holds the new life's weights and every env actor
+    counts admission against it; what they hold then goes in ``fault``."""
+    member = run.cfg.run.policy_id
+    recovery = run.recoveries[member]
+    wait_for(lambda: len(recovery.learner_starts) >= fault["learner_starts"] + 1, "the learner's restart")
+    start = recovery.learner_starts[-1]
+    group = run.top.groups[member]
+
+    def followed() -> bool:
+        rollouts = [statistics(r) for r in list(group.rollouts)]
+        envs = [statistics(e) for e in list(run.top.envs)]
+        fault["rollout_versions"] = [r["version"] for r in rollouts]
+        return (all(r["learner_life"] == start["life"] and r["life"] in (start["life"], None) for r in rollouts)
+                and all(e["learner_lives"].get(member) == start["life"] for e in envs))
+
+    wait_for(followed, "the rollout and env actors to follow the learner's new life", timeout=120)
+    fault.update(back_to=start["version"], life=start["life"], followed_s=time.time() - fault["time"])
+    print(f"  the learner went back from version {fault['version']} to {start['version']} (life {start['life']}); "
+          f"rollout and env actors followed it after {fault['followed_s']:.1f} s (rollout versions "
+          f"{fault['rollout_versions']})", flush=True)
+
+
+def strike(name: str, fault: str) -> None:
+    if fault == "kill":
+        os.kill(ray.get(ray.get_actor(name).pid.remote()), signal.SIGKILL)
+        return
+    try:  # raised inside its trio loop: its process ends (maybe before this call's answer)
+        ray.get(ray.get_actor(name).call.remote(CRASH, "a crash injected by benchmarks/chaos.py"))
+    except ray.exceptions.RayActorError:
+        pass
+
+
 def drive(run: Driver, events, rng: random.Random, runner: threading.Thread) -> list[dict]:
-    """Carry out ``events`` against the running ``run``; returns the kills (actor, time)."""
+    """Carry out ``events`` against the running ``run``; returns the faults (actor, kind of fault, time)."""
     wait_for(lambda: run.started is not None or not runner.is_alive(), "training to start")
-    kills = []
+    faults = []
     for at, what, arg in events:
         while time.time() < run.started + at and runner.is_alive():
             time.sleep(0.05)
         if not runner.is_alive():
             break
         # one thing at a time: the last restart and the last scale are done
-        wait_for(lambda: run.metrics.restarts == len(kills), "the last restart")
+        wait_for(lambda: run.metrics.restarts >= len(faults), "the last restart")
         asked = sum(1 for e in events[:events.index((at, what, arg))] if e[1] == "scale")
         wait_for(lambda: len(run.scaler.events) == asked and all("applied" in e for e in run.scaler.events),
                  "the last scale")
@@ -88,16 +154,23 @@ def drive(run: Driver, events, rng: random.Random, runner: threading.Thread) -> 
             run.scale(*arg)
             continue
         name = victim(run, arg, rng)
-        pid = ray.get(ray.get_actor(name).pid.remote())
-        os.kill(pid, signal.SIGKILL)
-        kills.append({"actor": name, "time": time.time()})
-        print(f"killed {name} (pid {pid}) at {time.time() - run.started:.1f} s", flush=True)
-    return kills
+        fault = {"actor": name, "fault": what, "kind": arg}
+        older = what == "kill" and arg == "learner"  # a learner restarted from an older checkpoint
+        if older:
+            fault.update(version=between_checkpoints(run),
+                         learner_starts=len(run.recoveries[run.cfg.run.policy_id].learner_starts))
+        strike(name, what)
+        fault["time"] = time.time()
+        faults.append(fault)
+        print(f"{'killed' if what == 'kill' else 'crashed'} {name} at {time.time() - run.started:.1f} s", flush=True)
+        if older:
+            followed_new_life(run, fault)
+    return faults
 
 
 def recovery_s(rows: list[dict], killed_at: float, restarts: int) -> float | None:
-    """Seconds from the kill to the first row, once the actor is back (the run's ``restarts``-th) and the learner
-    beyond its version at the kill, at 75% of the mean episodes/s of the last 10 rows before the kill (None: never)."""
+    """Seconds from the fault to the first row, once the actor is back (the run's ``restarts``-th) and the learner
+    beyond its version at the fault, at 75% of the mean episodes/s of the last 10 rows before it (None: never)."""
     before = [r for r in rows if r["time"] < killed_at and "episodes_per_s" in r][-10:]
     if not before:
         return None
@@ -117,7 +190,7 @@ def main() -> int:
     parser.add_argument("--out", default="runs/chaos")
     args, overrides = parser.parse_known_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    minutes = 2.0 if args.quick else args.minutes
+    minutes = QUICK_MINUTES if args.quick else args.minutes
     cfg = load_config([f"run.dir={args.out}", f"run.name=chaos-{int(time.time())}", "run.progress=false",
                        "run.ledger=true", "rollout.count=1", "env.count=2", f"run.minutes={minutes}",
                        "run.log_every_s=1", "eval.every_s=0", *(QUICK if args.quick else []), *overrides])
@@ -129,7 +202,7 @@ def main() -> int:
     runner = threading.Thread(target=lambda: outcome.setdefault("summary", run.execute()))
     runner.start()
     try:
-        kills = drive(run, events, rng, runner)
+        faults = drive(run, events, rng, runner)
     finally:
         runner.join()
         ray.shutdown()
@@ -137,22 +210,27 @@ def main() -> int:
     rows = [json.loads(line) for line in (run.dir / "metrics.jsonl").read_text().splitlines()]
     accounts = account_episodes(run.dir, summary["life"], checkpoint_cursor(run.dir / "policy", summary["life"]))
     recoveries = []
-    for number, kill in enumerate(kills, 1):
-        seconds = recovery_s(rows, kill["time"], number)
+    for number, fault in enumerate(faults, 1):
+        seconds = recovery_s(rows, fault["time"], number)
         recoveries.append(seconds)
         shown = "not within the run" if seconds is None else f"{seconds:.1f} s"
-        print(f"{kill['actor']}: back to 75% of its episodes/s in {shown}")
+        print(f"{fault['actor']} ({fault['fault']}): back to 75% of its episodes/s in {shown}")
+    staleness = [int(k) for k, n in summary["staleness_hist"].items() if n]
+    staleness_max = max(staleness, default=0)
     print(f"episodes: {json.dumps(accounts)}")
     print(f"restarts: {summary['restarts']}  scale events: {[(e['kind'], e['from'], e['to']) for e in summary['scale_events']]}")
     print(f"policy version {summary['final_version']}, final non-loss {summary['final_nonloss']}")
-    (Path(run.dir) / "chaos.json").write_text(json.dumps({"kills": kills, "recover_s": recoveries,
+    (Path(run.dir) / "chaos.json").write_text(json.dumps({"faults": faults, "recover_s": recoveries,
                                                           "accounts": accounts, "summary": summary}, indent=2))
     worst = max((r for r in recoveries if r is not None), default=float("nan"))
     if any(r is None for r in recoveries):
         worst = float("inf")
-    print(f"kills={len(kills)} lost={accounts['lost']} duplicated={accounts['duplicated']} "
-          f"recover_s={worst:.1f} scale_events={len(summary['scale_events'])}")
-    return 0 if accounts["lost"] == 0 and accounts["duplicated"] == 0 else 1
+    kills = sum(f["fault"] == "kill" for f in faults)
+    print(f"trained tokens by staleness: {summary['staleness_hist']} (bound {cfg.learner.max_staleness})")
+    print(f"kills={kills} crashes={len(faults) - kills} lost={accounts['lost']} duplicated={accounts['duplicated']} "
+          f"recover_s={worst:.1f} scale_events={len(summary['scale_events'])} staleness_max={staleness_max}")
+    ok = accounts["lost"] == 0 and accounts["duplicated"] == 0 and staleness_max <= cfg.learner.max_staleness
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -217,21 +217,26 @@ class WeightsChunk:
 
 @dataclass
 class VersionAnnounced:
-    """The learner of ``policy_id`` is now at ``version``."""
+    """The learner of ``policy_id`` is now at ``version``, in its ``life``: its starts in this life of the run,
+    0 the first. A restarted learner (from an older checkpoint) announces lower versions in a higher life, and
+    its followers take them: the versions of a dead life are nobody's any more."""
 
     policy_id: str
     version: int
+    life: int = 0
 
-    NAMES = ("policy", "version")
+    NAMES = ("policy", "version", "life")
     SHAPE = Shape()
 
     def to_body(self) -> bytes:
-        return pack(dict(zip(self.NAMES, (self.policy_id, self.version))))
+        return pack(dict(zip(self.NAMES, (self.policy_id, self.version, self.life))))
 
     @classmethod
     def from_body(cls, body) -> VersionAnnounced:
-        f = _fields(body, cls.NAMES, "version", (str, int), cls.SHAPE)
-        return cls(f["policy"], f["version"])
+        f = _fields(body, cls.NAMES, "version", (str, int, int), cls.SHAPE)
+        if f["life"] < 0:
+            raise FrameError(f"version message with a negative life {f['life']}")
+        return cls(f["policy"], f["version"], f["life"])
 
 
 @dataclass

@@ -8,7 +8,9 @@ file, and the address that serves chunks (the `crc32c` package uses the CPU's CR
 faster here than zlib's CRC-32, so checking costs each reader little). A `WeightsFollower` on the same host
 maps the file (one write, many readers); on another host it fetches the chunks over ZeroMQ with credit-based
 flow control. Either way it checks every chunk's CRC before the model sees a byte. The publisher re-announces the latest
-manifest every few seconds, so a rollout actor that joins late gets the latest version.
+manifest every few seconds, so a rollout actor that joins late gets the latest version. A follower reads the
+learner's version announcements and manifests together (`LearnerFeed`): each manifest belongs to the learner's
+life announced just before it, so a restarted learner's versions are told from its predecessor's.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from crc32c import crc32c
 from safetensors.torch import save as save_tensors
 
 from streams.endpoints import Inbox, Outbox
-from streams.messages import WeightsChunk, WeightsFetch, WeightsManifest
+from streams.messages import VersionAnnounced, WeightsChunk, WeightsFetch, WeightsManifest
 from streams.private_files import SHM_DIR, open_private, private_dir, remove_private_dir, sweep_stale, write_private
-from streams.wire import Kind
+from streams.wire import DropLog, FrameError, Kind, decode_frame
 
 log = logging.getLogger(__name__)
 
@@ -173,10 +175,57 @@ class WeightsPublisher:
 
 @dataclass
 class FetchedWeights:
-    """A checked version, not yet loaded: ``tensors`` is a safetensors buffer (see `load_weights`)."""
+    """A checked version, not yet loaded: ``tensors`` is a safetensors buffer (see `load_weights`). ``life``: the
+    learner's life that published it (None: no life was announced, as from a learner that does not say)."""
 
     version: int
     tensors: mmap.mmap | bytearray
+    life: int | None = None
+
+
+class LearnerFeed:
+    """A follower's subscription to one learner's publisher: its version announcements (``VersionAnnounced``,
+    which name the learner's life) and its weight manifests, on one subscriber, in the order it sent them.
+
+    The learner announces its version and life just before each manifest, so a manifest belongs to the life of
+    the last announcement before it (`WeightsManifest` itself names no life). Over ZeroMQ the order holds across
+    a learner's restart at its old address: the subscriber keeps one queue for the publisher's address, and the
+    dead process sent everything it sent before its successor bound it. Bad frames are dropped and counted by
+    reason, as by an `Inbox`."""
+
+    DECODERS = {Kind.VERSION: VersionAnnounced.from_body, Kind.WEIGHTS: WeightsManifest.from_body}
+
+    def __init__(self, subscriber):
+        self.channel = subscriber
+        self.drops = DropLog("learner feed")
+        self._last_seq: dict[tuple[str, Kind], int] = {}
+        self._missed = 0
+
+    async def receive(self) -> VersionAnnounced | WeightsManifest:
+        while True:
+            parts = (await self.channel.receive())[1:]  # less the topic
+            try:
+                header, body = decode_frame(parts)
+                if header.kind not in self.DECODERS:
+                    raise FrameError(f"frame of kind {header.kind.value!r}, expected version or weights",
+                                     "wrong_kind")
+            except FrameError as error:
+                self.drops.drop(error.reason, error)
+                continue
+            try:
+                message = self.DECODERS[header.kind](body)
+            except Exception as error:  # never the follower's problem, however it fails
+                self.drops.drop("bad_body", error)
+                continue
+            last = self._last_seq.get((header.sender, header.kind))
+            self._missed += max(header.seq - last - 1, 0) if last is not None else 0
+            self._last_seq[(header.sender, header.kind)] = header.seq
+            return message
+
+    def statistics(self) -> dict:
+        stats = self.channel.statistics()
+        return {**stats, "gaps": stats["gaps"] + self._missed, "dropped_frames": self.drops.total(),
+                "dropped_by_reason": dict(self.drops.counts)}
 
 
 class WeightsFollower:

@@ -7,7 +7,9 @@ besides. Both get the same restart policy, metrics writer, evaluation schedule a
 Every ``run.log_every_s`` the driver reads every actor's statistics (the health check: a dead actor is found
 and restarted here, losing nothing and counting nothing twice, see ``recovery.py``), lets the league's steward
 do its round, writes a metrics row, collects finished evaluations and starts the next when due, and carries out
-scale requests. ``run.restart=false``: any dead actor ends the run, with the command that resumes it.
+scale requests. ``run.restart=false``: any dead actor ends the run, with the command that resumes it; so does one
+that died more than ``run.max_restarts`` times within ``run.restart_window_s`` (restarts of one actor are spaced
+out by ``run.restart_backoff_s``, doubling).
 
 ``tidal scale`` and ``tidal stop`` reach a running run through its control endpoint (``control.py``). At launch
 and at its end the driver sweeps the shared-memory directories of this user's processes that died (a killed
@@ -33,7 +35,8 @@ from actors.runs.evaluations import Evaluations
 from actors.runs.inherited import count_inherited, release_inherited
 from actors.runs.league_steward import LeagueSteward
 from actors.runs.monitor import MetricsLog, plot_learning_curve
-from actors.runs.recovery import GroupRecovery, call_unless_dead, restart_env, statistics_or_recover
+from actors.runs.recovery import (GroupRecovery, RestartLimit, RestartsExhausted, call_unless_dead, restart_env,
+                                  statistics_or_recover)
 from actors.runs.scaling import Scaler
 from actors.topology import Topology, build_topology
 from streams.private_files import SHM_DIR, sweep_stale
@@ -59,6 +62,7 @@ class Driver:
         self.target_reached_s = None
         self.training_end: dict | None = None  # the last metrics row of training, before the final evaluation
         self.restarts: dict[str, int] = {}  # actor -> times restarted after it died
+        self.restart_limit = RestartLimit(run.max_restarts, run.restart_window_s, run.restart_backoff_s)
         self.training = False  # env actors may start training episodes (a restarted one is told again)
         self.top: Topology | None = None
         self.steward: LeagueSteward | None = None
@@ -153,10 +157,14 @@ class Driver:
     def recover(self, name: str, error: Exception) -> dict:
         """Restart a dead actor of any kind, losing nothing and counting nothing twice (docs/faults-and-scaling.md)."""
         if not self.cfg.run.restart:
-            command = "tidal league run" if self.cfg.league else "tidal launch"
-            raise RuntimeError(f"the {name} actor died ({type(error).__name__}) and run.restart is off: continue "
-                               f"the run with `{command} resume={self.dir}`") from error
-        log.warning("%s died (%s); restarting it", name, type(error).__name__)
+            self._give_up(f"the {name} actor died ({type(error).__name__}) and run.restart is off", error)
+        try:
+            delay = self.restart_limit.delay(name)
+        except RestartsExhausted as reason:
+            self._give_up(str(reason), error)
+        log.warning("%s died (%s); restarting it%s", name, type(error).__name__,
+                    f" in {delay:.1f} s (its last restart was recent)" if delay else "")
+        time.sleep(delay)
         incarnation = self.restarts[name] = self.restarts.get(name, 0) + 1
         top = self.top
         if name == top.league:
@@ -169,7 +177,15 @@ class Driver:
             if self.steward is not None and name in group.learner_group():
                 self.steward.learner_restarted(group.member)
         self.metrics.restarted(name)
+        self.restart_limit.restarted(name)
         return self.cluster.statistics(name)
+
+    def _give_up(self, reason: str, error: Exception) -> None:
+        """End the run for ``reason``, saying how to resume it."""
+        command = "tidal league run" if self.cfg.league else "tidal launch"
+        message = f"{reason}: the run stops; continue it with `{command} resume={self.dir}`"
+        log.error(message)
+        raise RuntimeError(message) from error
 
     def _tick(self) -> dict[str, dict]:
         """Every actor's statistics (the health check: a dead actor is restarted here); the league's round."""

@@ -7,15 +7,50 @@ at its old addresses (``cluster.restart``), and nothing is lost or counted twice
 - a rollout actor: the env actors send again every request still unanswered (which only it knew);
 - a reward actor: the env actors send again what it had not acknowledged;
 - a replay actor: it reloads its spill, and sends again the batches after the learner's data cursor;
-- a learner: from its last checkpoint (or the base model), and replay sends again the batches after its cursor.
+- a learner: from its last checkpoint (or the base model), as a new life (its followers take its versions even
+  when lower than its predecessor's), and replay sends again the batches after its cursor.
+
+An actor dies of a kill or of a crash (its loop raised, and its process ended: ``actors/host.py``); either way it
+is restarted, within a limit (``RestartLimit``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+MAX_BACKOFF_S = 60.0  # the longest wait before a restart
+
+
+class RestartsExhausted(RuntimeError):
+    """An actor died more often than ``run.max_restarts`` within ``run.restart_window_s``."""
+
+
+class RestartLimit:
+    """At most ``max_restarts`` restarts of one actor within ``window_s`` seconds, spaced out: the first restart of
+    an actor within the window is at once, and each next one waits until ``backoff_s``, then twice as long, ...
+    (at most ``MAX_BACKOFF_S``) have passed since its previous restart. ``clock``: seconds, monotonic."""
+
+    def __init__(self, max_restarts: int, window_s: float, backoff_s: float, clock=time.monotonic):
+        self.max_restarts, self.window_s, self.backoff_s, self.clock = max_restarts, window_s, backoff_s, clock
+        self.times: dict[str, list[float]] = {}  # actor -> when it was restarted, within the window
+
+    def delay(self, name: str) -> float:
+        """Seconds to wait before restarting ``name`` now; ``RestartsExhausted`` (the reason) past the limit."""
+        now = self.clock()
+        recent = self.times[name] = [t for t in self.times.get(name, []) if now - t < self.window_s]
+        if len(recent) >= self.max_restarts:
+            raise RestartsExhausted(f"{name} died again after {len(recent)} restarts within {self.window_s:g} s "
+                                    f"(run.max_restarts={self.max_restarts}, run.restart_window_s={self.window_s:g})")
+        if not recent:
+            return 0.0
+        wait = min(self.backoff_s * 2 ** (len(recent) - 1), MAX_BACKOFF_S)
+        return max(recent[-1] + wait - now, 0.0)
+
+    def restarted(self, name: str) -> None:
+        self.times.setdefault(name, []).append(self.clock())
 
 
 def call_unless_dead(cluster, name: str, method: str, *args):
@@ -62,6 +97,8 @@ class GroupRecovery:
 
     def __init__(self, cluster, group, envs: list[str]):
         self.cluster, self.top, self.envs, self.policy_dir = cluster, group, envs, Path(group.policy_dir)
+        self.learner_life = 0  # the learner's starts in this life of the run, less one (its announcements' life)
+        self.learner_starts: list[dict] = []  # each restart of the learner: its life and the version it started at
 
     def restart(self, name: str) -> dict:
         """Start ``name`` (one of this group's actors) again; what its start returned (its addresses)."""
@@ -85,15 +122,18 @@ class GroupRecovery:
     def _restart_learner(self) -> dict:
         """From its last checkpoint (or the base model, if it made none yet); replay sends again, in order, the
         batches after the checkpoint's data cursor, so it trains on each once. A learner group (any of its ranks
-        died) starts again as a whole: the others wait in collectives that the dead one will never join."""
+        died) starts again as a whole: the others wait in collectives that the dead one will never join. It is a
+        new life: its followers take its versions, even below its predecessor's."""
         from actors.learner import find_checkpoint
 
         resume = find_checkpoint(self.policy_dir) is not None
-        started = self.cluster.restart(self.top.learner, resume=resume)
+        self.learner_life += 1
+        started = self.cluster.restart(self.top.learner, resume=resume, life=self.learner_life)
         for rank in self.top.learner_ranks:
             self.cluster.restart(rank, rendezvous=started["rendezvous"])
-        log.warning("%s restarted at version %d; batches after %d come again", self.top.learner,
-                    started["version"], started["cursor"])
+        self.learner_starts.append({"life": self.learner_life, "version": started["version"]})
+        log.warning("%s restarted at version %d (life %d); batches after %d come again", self.top.learner,
+                    started["version"], self.learner_life, started["cursor"])
         self.rewind_replay(started["cursor"])
         return started
 

@@ -1,5 +1,5 @@
-"""benchmarks/chaos.py --quick: a kill of every kind, rollouts 1 -> 4 -> 2 and envs 2 -> 3 -> 2 in about two minutes
-of training."""
+"""benchmarks/chaos.py --quick: a kill and a crash of every kind (the learner's kill between two checkpoints),
+rollouts 1 -> 4 -> 2 and envs 2 -> 3 -> 2 in about three minutes of training."""
 
 import re
 import subprocess
@@ -18,7 +18,9 @@ def test_chaos_quick_loses_nothing_and_counts_nothing_twice(tmp_path):
                           capture_output=True, text=True, timeout=880)
     assert done.returncode == 0, done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
-    match = re.fullmatch(r"kills=(\d+) lost=(\d+) duplicated=(\d+) recover_s=([\d.]+|inf|nan) scale_events=(\d+)", last)
+    match = re.fullmatch(r"kills=(\d+) crashes=(\d+) lost=(\d+) duplicated=(\d+) recover_s=([\d.]+|inf|nan) "
+                         r"scale_events=(\d+) staleness_max=(-?\d+)", last)
     assert match, last
-    kills, lost, duplicated, _, scale_events = match.groups()
-    assert (int(kills), int(lost), int(duplicated), int(scale_events)) == (5, 0, 0, 4), last
+    kills, crashes, lost, duplicated, _, scale_events, staleness_max = match.groups()
+    assert (int(kills), int(lost), int(duplicated), int(scale_events)) == (5, 0, 0, 4) and int(crashes) >= 4, last
+    assert int(staleness_max) <= 2, last  # learner.max_staleness

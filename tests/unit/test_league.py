@@ -353,7 +353,8 @@ def test_a_league_run_restarts_every_kind_of_actor(tmp_path):
     from actors.runs.recovery import GroupRecovery
     from actors.topology import plan_groups, Topology
 
-    cfg = load_config([f"run.dir={tmp_path}", "run.name=l", "league.members=[{id: main, role: main}]"], "league")
+    cfg = load_config([f"run.dir={tmp_path}", "run.name=l", "league.members=[{id: main, role: main}]",
+                       "run.restart_backoff_s=0"], "league")
     run = Driver(cfg)
     cluster = FakeCluster()
     top = Topology(plan_groups(cfg, "base", run.dir), envs=["env-0"], league="league",
@@ -369,7 +370,7 @@ def test_a_league_run_restarts_every_kind_of_actor(tmp_path):
     assert run.recover("rollout-main-0", RuntimeError())["name"] == "rollout-main-0"
     assert ("env-0", "reissue") in cluster.calls  # its unanswered requests are sent again
     run.recover("learner-main", RuntimeError())  # no checkpoint yet: from the base model; replay rewinds
-    assert cluster.restarted[-1] == ("learner-main", {"resume": False})
+    assert cluster.restarted[-1] == ("learner-main", {"resume": False, "life": 1})  # a new life
     assert ("replay-main", "rewind", 5) in cluster.calls
     assert ("learner-main", "snapshot", str(run.dir / "league" / "snapshots"), False) in cluster.calls  # asked again
 
