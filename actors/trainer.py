@@ -134,7 +134,9 @@ class Trainer:
         if checkpoint is None:
             return None
         saved = load_trainer_state(checkpoint / TRAINER_STATE)
-        if (checkpoint / OPTIMIZER_DIR).exists():
+        if saved.get("optimizer_fresh"):
+            pass  # saved before any step since its start or a reset: the fresh optimizer it is
+        elif (checkpoint / OPTIMIZER_DIR).exists():
             self._load_optimizer(checkpoint / OPTIMIZER_DIR)
         elif "optimizer" in saved and self.shard.world == 1:  # a checkpoint from before the optimizer moved
             self.optimizer.load_state_dict(saved["optimizer"])
@@ -200,12 +202,16 @@ class Trainer:
             import torch.distributed as dist
 
             dist.barrier(group=control_group())  # the directory exists before any rank writes into it
-        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
-                 checkpoint_id=str(directory / OPTIMIZER_DIR))
+        # an optimizer that took no step yet (a reset's, or before the first update) has no state to save; and
+        # torch would make one up (a zero step) only where no gradient is left over: so none is saved, and said so
+        fresh = not self.optimizer.state
+        if not fresh:
+            dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
+                     checkpoint_id=str(directory / OPTIMIZER_DIR))
         if self.shard.rank == 0:
             self.model.save_pretrained(directory, state_dict=full)
             self.tokenizer.save_pretrained(directory)
-            torch.save({**trainer_state, "format": FORMAT, "role_ids": self.state.role_ids,
+            torch.save({**trainer_state, "format": FORMAT, "optimizer_fresh": fresh, "role_ids": self.state.role_ids,
                         "baselines": self.state.baselines, "state_values": plain_state_values(self.state.state_values)},
                        directory / TRAINER_STATE)
 
