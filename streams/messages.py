@@ -266,13 +266,14 @@ class StopRequest:
     evaluate: bool
 
     NAMES = ("evaluate",)
+    SHAPE = Shape()
 
     def to_body(self) -> bytes:
         return pack({"evaluate": self.evaluate})
 
     @classmethod
     def from_body(cls, body) -> StopRequest:
-        return cls(_fields(body, cls.NAMES, "stop", (bool,))["evaluate"])
+        return cls(_fields(body, cls.NAMES, "stop", (bool,), cls.SHAPE)["evaluate"])
 
 
 @dataclass

@@ -70,6 +70,9 @@ class ControlServer:
         except (FrameError, ValueError) as error:
             log.warning("control: refused a command: %s", error)
             return ScaleAnswered(False, str(error))
+        except Exception as error:  # the endpoint must outlive any command: a bug here is an answer, not its end
+            log.exception("control: a command failed")
+            return ScaleAnswered(False, f"the command failed: {type(error).__name__}: {error}")
         return ScaleAnswered(True, f"scaling {request.actor} actors to {request.count}", actors)
 
     def close(self) -> None:
