@@ -13,6 +13,9 @@ above) is no edge of its own; a package is one where a name is taken from it (``
 from __future__ import annotations
 
 import ast
+import pickle
+import subprocess
+import sys
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +37,20 @@ class Import:
     def __str__(self) -> str:
         where = " (inside a function)" if self.in_function else ""
         return f"{self.path.relative_to(ROOT)}:{self.line}{where} imports {self.target}"
+
+
+_PARSE_IN_CHILD = "import ast, pickle, sys; sys.stdout.buffer.write(pickle.dumps(ast.parse(open(sys.argv[1]).read(), sys.argv[1])))"
+
+
+def parse(path: Path) -> ast.AST:
+    """``path``'s syntax tree. CPython 3.11 can refuse every later ``ast.parse`` in a process where a
+    RecursionError was raised and caught before ("AST constructor recursion depth mismatch": a fuzz test of deep
+    nesting does that): then the file is parsed in a fresh interpreter."""
+    try:
+        return ast.parse(path.read_text(), filename=str(path))
+    except SystemError:
+        child = subprocess.run([sys.executable, "-c", _PARSE_IN_CHILD, str(path)], capture_output=True, check=True)
+        return pickle.loads(child.stdout)
 
 
 def find_modules(root: Path, packages) -> dict[str, Path]:
@@ -93,7 +110,7 @@ def imports_of(modules: dict[str, Path]) -> dict[str, list[Import]]:
     graph = {}
     for module, path in modules.items():
         visitor = _ImportVisitor(module, path, modules)
-        visitor.visit(ast.parse(path.read_text(), filename=str(path)))
+        visitor.visit(parse(path))
         found = dict.fromkeys(visitor.found)  # `from m import a, b` is one import of m
         graph[module] = [Import(target, path, line, in_function) for target, line, in_function in found]
     return graph
@@ -179,7 +196,7 @@ def test_no_import_cycles():
 def ray_imports(path: Path) -> list[tuple[int, str]]:
     """Where ``path`` imports Ray or any part of it (inside functions too): (line, what)."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level:
