@@ -13,14 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import random
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from actors.engines.random_model import ModelShape, make_random_model, publish_model_dir
 from actors.engines.tokenizer import make_tokenizer
 from actors.engines.transcripts import demonstrations
 from algos.losses import sft_loss
@@ -72,7 +71,6 @@ def tiny_model_config(cfg) -> TinyModelConfig:
 
 def make_model(tokenizer, cfg: TinyModelConfig):
     """The tiny model: a Llama shape of ``cfg``'s sizes, its embedding as long as the tokenizer, random weights."""
-    from actors.engines.random_model import ModelShape, make_random_model
 
     if cfg.hidden_size // cfg.heads < 32:
         raise ValueError(f"head_dim {cfg.hidden_size // cfg.heads} < 32: vLLM's CPU attention needs >= 32")
@@ -128,17 +126,13 @@ def ensure_base_model(cache_dir: str | Path, cfg: TinyModelConfig = TinyModelCon
     tokenizer = make_tokenizer([text for pair in pairs for text in pair], cfg.vocab_size)
     model = make_model(tokenizer, cfg)
     warm_up(model, tokenizer, pairs, cfg)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")  # several processes may make it at once
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "tidal_base_model.json").write_text(json.dumps(asdict(cfg), indent=2))
-    try:
-        tmp.rename(path)
-    except OSError:  # another process finished first: the same config and seed made the same model; keep theirs
-        if not (path / "config.json").exists():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+
+    def save(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "tidal_base_model.json").write_text(json.dumps(asdict(cfg), indent=2))
+
+    return publish_model_dir(path, save)
 
 
 def load_policy(path: str | Path):

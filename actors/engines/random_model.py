@@ -178,15 +178,24 @@ def ensure_random_model(cache_dir: str | Path, shape: ModelShape = ModelShape())
     tokenizer = make_tokenizer(tokenizer_corpus(shape), shape.tokenizer_vocab,
                                split="qwen2" if shape.architecture == "qwen2" else "gpt2")
     model = make_random_model(tokenizer, shape)
+    def save(tmp: Path) -> None:
+        model.save_pretrained(tmp)  # safetensors
+        save_tokenizer(tokenizer, tmp)
+        (tmp / "tidal_base_model.json").write_text(json.dumps(
+            {"init": "random", "shape": asdict(shape), "parameters": parameter_count(model),
+             "tokenizer_tokens": len(tokenizer)}, indent=2))
+
+    return publish_model_dir(path, save)
+
+
+def publish_model_dir(path: Path, save) -> Path:
+    """``save(tmp)`` into a directory of this process, then renamed to ``path``. Several processes may make the
+    same model at once: the same config and seed made the same model, so the first one there is kept."""
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    model.save_pretrained(tmp)  # safetensors
-    save_tokenizer(tokenizer, tmp)
-    (tmp / "tidal_base_model.json").write_text(json.dumps(
-        {"init": "random", "shape": asdict(shape), "parameters": parameter_count(model),
-         "tokenizer_tokens": len(tokenizer)}, indent=2))
+    save(tmp)
     try:
         tmp.rename(path)
-    except OSError:  # another process finished first: the same shape and seed made the same model; keep theirs
+    except OSError:
         if not (path / "config.json").exists():
             raise
         shutil.rmtree(tmp, ignore_errors=True)
