@@ -124,7 +124,7 @@ class LearnerActor:
         self.cfg, self.name = cfg, name
         self.version = 0
         self.history: list[dict] = []  # one entry per update
-        self.trainer = Trainer(cfg)  # rank 0's model, optimizer and objective state (the group's, with ranks > 1)
+        self.trainer = Trainer(cfg, Shard(0, cfg.ranks))  # rank 0's model, optimizer and objective state (the group's, with ranks > 1)
         self._rejected_logged = (time.monotonic(), 0)  # (when, the total then): see ``_log_rejected``
         self._totals = {"batches": 0, "episodes": 0, "tokens": 0, "train_s": 0.0, "rejected_episodes": 0,
                         "rejected_turns": 0, "rejected_tokens": 0}
@@ -264,7 +264,6 @@ class LearnerActor:
     def _load(self, checkpoint: Path | None, store=None, rendezvous: str | None = None) -> None:
         """The model and optimizer, from ``checkpoint`` or the base model (with ranks > 1: once the group met)."""
         if rendezvous is not None:
-            self.trainer.shard = Shard(0, self.cfg.ranks)
             join_group(self.trainer.shard, self.trainer.device, rendezvous, store)
         self.trainer.load(checkpoint)
         if checkpoint is not None:
