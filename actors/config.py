@@ -37,7 +37,7 @@ BUILT = {
     RolloutConfig: ("model_path", "policy_id", "backend", "seed", "snapshot_dir"),
     LearnerConfig: ("model_path", "policy_id", "temperature", "max_staleness", "save_dir", "checkpoint_every",
                     "resume", "data_life", "life", "seed", "budget_s", "budget_versions", "ranks"),
-    ReplayConfig: ("spill_dir", "checkpoint_dir", "resume"),
+    ReplayConfig: ("spill_dir", "checkpoint_dir", "resume", "vocab_size"),
     LeagueConfig: ("members", "state_dir", "resume", "seed"),
 }
 # Keys that moved: an override of the old path fails with a message naming the new one.

@@ -13,11 +13,14 @@ registers it (``add_snapshot``, checked against its checksums first).
 Its state (population, snapshots, payoff, ratings and their history, match counts, evaluations) is written
 to ``<state_dir>/league_state.json`` every ``save_every_s`` and when it stops, atomically (a new file renamed
 over the old), so a killed run resumes its league with its ratings as they were last written.
+
+A result is checked before it is journaled (``matchmaking.result_problem``): one whose learner is no member or
+holds no seat, with the wrong number of seats, or with a non-finite return is rejected, counted by reason and
+logged at a bounded rate; a journal entry that fails the same check on resume is skipped, and counted.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -30,10 +33,12 @@ import trio
 
 from streams.endpoints import Inbox, Outbox
 from actors.leagues.matchmaking import ROLES, MatchmakingConfig, Payoff, check_reset_probabilities, choose_opponent, \
-    pairwise_scores, reset_after_snapshot, seat_match, snapshot_due
+    pairwise_scores, reset_after_snapshot, result_problem, seat_match, snapshot_due
 from actors.engines.snapshots import SnapshotError, verify_snapshot
 from envs.registry import OPPONENTS
 from streams.messages import MatchAssigned, MatchRequest, MatchResult
+from streams.replies import open_replies
+from streams.values import Rejections
 from streams.wire import Kind
 
 log = logging.getLogger(__name__)
@@ -105,6 +110,7 @@ class LeagueActor:
         self._stats = {"matches": 0, "requests": 0, "results": 0, "errored_matches": 0, "unrated_matches": 0,
                        "refused_snapshots": 0, "saves": 0}
         self._next_match = 0
+        self._rejected = Rejections(f"{name}: match results")
         self.journal_path = Path(cfg.state_dir) / JOURNAL_FILE
         self._journal = None  # opened at the first result
         if cfg.resume:
@@ -133,15 +139,14 @@ class LeagueActor:
                 self._journal.close()
 
     async def _assign(self, transport) -> None:
-        async with contextlib.AsyncExitStack() as stack:
-            replies: dict[str, Outbox] = {}
+        """Each assignment to its request's ``reply_to``, if the transport may connect there; a destination that
+        takes nothing holds up only its own replies, dropped after a deadline (`streams.replies`, counted)."""
+        async with open_replies(transport, Kind.MATCH, self.name) as replies:
+            self._replies = replies
             while True:
                 request = await self._inboxes["requests"].receive()
                 self._stats["requests"] += 1
-                if request.reply_to not in replies:
-                    sender = await stack.enter_async_context(transport.open_sender([request.reply_to], capacity=64))
-                    replies[request.reply_to] = Outbox(sender, Kind.MATCH, self.name)
-                await replies[request.reply_to].send(self.assign(request).to_body())
+                replies.post(request.reply_to, self.assign(request).to_body())
 
     async def _take_results(self) -> None:
         while True:
@@ -174,9 +179,12 @@ class LeagueActor:
         self._next_match += 1
         return match
 
-    def record(self, result: MatchResult) -> None:
+    def record(self, result: MatchResult) -> bool:
         """Payoff and ratings after one match. The result goes to the journal first: a league restarted from its
-        last saved state replays the results it took after it, so none is lost."""
+        last saved state replays the results it took after it, so none is lost. A result that fails the check is
+        neither journaled nor applied (False)."""
+        if self._refused(result):
+            return False
         if self._journal is None:
             self.journal_path.parent.mkdir(parents=True, exist_ok=True)
             self._journal = open(self.journal_path, "a")
@@ -184,6 +192,14 @@ class LeagueActor:
                                         result.errored]) + "\n")
         self._journal.flush()  # in the OS's hands: a killed process loses none of it
         self._apply(result)
+        return True
+
+    def _refused(self, result: MatchResult) -> bool:
+        """Does ``result`` fail the check? (Counted and logged if so.)"""
+        reason, why = result_problem(result.learner, result.seats, result.returns, self.roles, self.cfg.players)
+        if reason:
+            self._rejected.add({reason: 1}, f"match {result.match_id}: {why}")
+        return bool(reason)
 
     def _apply(self, result: MatchResult) -> None:
         self._stats["results"] += 1
@@ -323,16 +339,25 @@ class LeagueActor:
         entries = [json.loads(line) for line in complete.splitlines()]
         pending = entries[self._stats["results"]:]
         for entry in pending:
-            self._apply(MatchResult(*entry))
+            try:
+                result = MatchResult(*entry)
+            except TypeError:  # not the five fields of a result
+                result = MatchResult(-1, "", [], [])
+            if self._refused(result):  # journaled before results were checked: skipped, its place kept
+                self._stats["results"] += 1
+                continue
+            self._apply(result)
         return len(pending)
 
     def statistics(self) -> dict:
         inboxes = getattr(self, "_inboxes", {})
         return {**self._stats, "snapshots": len(self.snapshots), "pending_snapshots": sorted(self._pending_snapshots),
+                "rejected_results": self._rejected.total(), "rejected_by_reason": dict(self._rejected.counts),
                 "resets": len(self.resets),
                 "ratings": {p: r.ordinal() for p, r in self.ratings.items()},
                 "dropped_frames": sum(i.statistics()["dropped_frames"] for i in inboxes.values()),
-                "streams": {name: i.statistics() for name, i in inboxes.items()}}
+                "streams": {name: i.statistics() for name, i in inboxes.items()},
+                "replies": self._replies.statistics() if getattr(self, "_replies", None) else {}}
 
 
 def load_state(run_dir: str | Path) -> dict:

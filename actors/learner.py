@@ -359,7 +359,7 @@ class LearnerActor:
                 "cursor": self.cursor, "last": last,
                 "dropped_frames": dropped, "busy": busy, "snapshots": list(self.snapshots), "resets": list(self.resets),
                 "staleness_hist": {str(k): self._staleness[k] for k in sorted(self._staleness)},
-                "weights": self._weights.stats if self._weights else {},
+                "weights": self._weights.statistics() if self._weights else {},
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}
 
 

@@ -27,6 +27,15 @@ resumed run), a replay whose spill is still empty first takes over the previous 
 batches after that life's checkpointed cursor, numbered 1, 2, ... in this life (the learner's cursor starts at 0
 in a new life), and holds them, and the episodes, back until ``rewind`` (the run starts training: its resume
 evaluation is played by the checkpointed policy).
+
+Every episode is checked before it is kept (``_admit``, `streams.values.check_rows`), as it arrives and as it
+is reloaded from a spill: a row with a null or missing id, ragged per-token lists, a token id outside
+``vocab_size``, a non-finite value, or a policy version below 0 or above what the learner can have reached is
+rejected, counted by reason (``rejected_by_reason``) and logged at a bounded rate; it never reaches the spill or a
+batch. The episode's other rows go on. What the learner can have reached: its highest announced version, plus a
+version for each batch sent since (the learner's version rises by one an update), plus ``VERSION_SLACK`` (batches
+in flight when it announced, a league reset); with a ``versions`` peer, replay takes no episode before the first
+announcement (the learner announces every second). The learner itself refuses any token newer than its version.
 """
 
 from __future__ import annotations
@@ -43,11 +52,14 @@ import trio
 
 from streams.endpoints import Inbox, Outbox
 from actors.spill import Spill, episode_source, previous_life
+from streams.messages import VERSION_TOPIC, VersionAnnounced
 from streams.schema import TRAJECTORY_SCHEMA, Columns, decode_table, encode_table
+from streams.values import Rejections, check_rows
 from streams.wire import FRAME_LIMITS, MAX_HEADER_BYTES, Kind
 
 log = logging.getLogger(__name__)
 LINK_SLACK_BYTES = 64  # beside the header: room for a link envelope, should a limit count every part of a message
+VERSION_SLACK = 4  # versions beyond the learner's announced one plus the batches sent since (see the docstring)
 
 
 @dataclass
@@ -58,6 +70,7 @@ class ReplayConfig:
     spill_dir: str | None = None  # episodes and batches on disk: a restart loses nothing
     checkpoint_dir: str | None = None  # the learner's checkpoints: the spill is compacted below their data cursor
     resume: bool = False  # a resumed run: take over the previous life's live episodes and batches
+    vocab_size: int | None = None  # the learner's vocabulary: a token id at or above it is refused (None: unchecked)
 
 
 class ReplayActor:
@@ -79,6 +92,9 @@ class ReplayActor:
         self._held_back = False  # what a resumed run took over waits for the first ``rewind``
         self._checkpoint_seen = None  # the learner's checkpoint directory (inode, time) at the last compaction
         self._overhead = len(encode_table(TRAJECTORY_SCHEMA.empty_table(), batch_seq=10**18))  # a batch's own bytes
+        self._rejected = Rejections(f"{name}: episode rows")
+        self._learner_version: int | None = None  # the highest version its learner announced ...
+        self._sent_at_announcement = 0  # ... and the batches sent when it heard it
 
     def batch_bytes_limit(self) -> int:
         """The largest batch body that goes out: within the batch frame limit with its header (looked up now, so
@@ -94,14 +110,20 @@ class ReplayActor:
         self._seen: set[str] = set()  # episode ids held or batched, not compacted: a second copy is dropped
         self._last_seq = 0
         self._disk = trio.Lock()  # one spill operation at a time (each on a thread)
+        self._version_known = trio.Event()  # the learner's first announcement (at once without a versions peer)
+        if not peers.get("versions"):
+            self._version_known.set()
         if self._spill is not None:
             await trio.to_thread.run_sync(self._reload)
         async with (
             transport.open_receiver(capacity=16, ack_when_done=self._spill is not None) as episodes,
             transport.open_sender(peers["learner"], capacity=1) as learner,
+            transport.open_subscriber(peers.get("versions", []), topics=[VERSION_TOPIC]) as versions,
             trio.open_nursery() as nursery,
         ):
             self._inbox = Inbox(episodes, Kind.EPISODES, decode_table)
+            nursery.start_soon(self._follow_versions, Inbox(versions, Kind.VERSION, VersionAnnounced.from_body,
+                                                            topic=True))
             nursery.start_soon(self._fill)
             nursery.start_soon(self._batch, Outbox(learner, Kind.BATCH, self.name))
             task_status.started({"episodes": episodes.address, "batches_logged": self._last_seq,
@@ -124,8 +146,10 @@ class ReplayActor:
         for source, delivered in self._spill.state.by_source.items():  # in the compacted batches
             self._received_by_source[source] = self._received_by_source.get(source, 0) + delivered
         self._last_seq = max(batches, default=self._spill.state.through)
-        for episode_id, episode in episodes.items():
-            if episode_id not in self._seen and self._admissible(episode_id, episode):
+        for episode in episodes.values():
+            episode = self._admit(episode)  # a spill written before the checks may hold what they refuse
+            episode_id = episode.column(Columns.EPISODE_ID)[0].as_py() if episode is not None else None
+            if episode is not None and episode_id not in self._seen and self._admissible(episode_id, episode):
                 self._hold(episode_id, episode)
                 self._stats["reloaded_episodes"] += 1
         taken = self._spill.state.inherited or {}
@@ -226,9 +250,9 @@ class ReplayActor:
         while True:
             while len(self._heap) >= self.cfg.capacity_episodes:
                 await self._changed.wait()
-            episode = await self._inbox.receive()
-            if not episode.num_rows:  # no agent-turn of the policy's: nothing to train on, nothing to name it by
-                self._stats["empty_episodes"] = self._stats.get("empty_episodes", 0) + 1
+            await self._version_known.wait()  # the ceiling on versions is known before an episode is kept
+            episode = self._admit(await self._inbox.receive())
+            if episode is None:
                 continue
             episode_id = episode.column(Columns.EPISODE_ID)[0].as_py()
             if self._known(episode_id):  # sent again by a restarted reward actor, or to a restarted replay
@@ -291,6 +315,29 @@ class ReplayActor:
             await learner.send(encode_table(table, batch_seq=seq))
             self._stats["batches_resent"] += 1
 
+    def _admit(self, episode: pa.Table) -> pa.Table | None:
+        """The episode's rows that pass the checks (None: nothing to keep; counted)."""
+        if not episode.num_rows:  # no agent-turn of the policy's: nothing to train on, nothing to name it by
+            self._stats["empty_episodes"] = self._stats.get("empty_episodes", 0) + 1
+            return None
+        known, sent = self._learner_version, self._stats["batches_out"] + self._stats["batches_resent"]
+        ceiling = None if known is None else known + sent - self._sent_at_announcement + VERSION_SLACK
+        checked = check_rows(episode, vocab_size=self.cfg.vocab_size, one_episode=True, max_version=ceiling)
+        if checked.rejected:
+            self._rejected.add(checked.rejected, checked.example)
+        if not checked.table.num_rows:
+            self._stats["rejected_episodes"] = self._stats.get("rejected_episodes", 0) + 1
+            return None
+        return checked.table
+
+    async def _follow_versions(self, inbox: Inbox) -> None:
+        while True:
+            announced = await inbox.receive()
+            if self._learner_version is None or announced.version > self._learner_version:
+                self._learner_version = announced.version
+                self._sent_at_announcement = self._stats["batches_out"] + self._stats["batches_resent"]
+                self._version_known.set()
+
     def _notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
@@ -300,6 +347,8 @@ class ReplayActor:
         spill = self._spill.state.through if self._spill is not None else 0
         return {**self._stats, "buffered": self._buffered, "batches_logged": self._last_seq,
                 "received_by_source": dict(self._received_by_source), "compacted_through": spill,
+                "rejected_rows": self._rejected.total(), "rejected_by_reason": dict(self._rejected.counts),
+                "learner_version": self._learner_version,
                 "refused_episodes": sum(self._refused.values()), "refused_by_reason": dict(self._refused),
                 "batch_bytes_limit": self.batch_bytes_limit(), "held_back": self._held_back,
                 "dropped_frames": inbox.get("dropped_frames", 0), "streams": {"episodes": inbox}}

@@ -13,7 +13,8 @@ version of every token, each completion sent to the address named in its request
 Either way a request waits until the actor holds weights at least as new as its ``min_version``, so no
 token is older than the learner version its env actor acted on. A restarted learner is a new *life*: the actor
 follows it even to a lower version, and samples nothing more with the dead life's weights once the new one
-announced itself (``actors/rollout_weights.py``).
+announced itself (``actors/rollout_weights.py``). A request it must not sample (a prompt token outside the
+tokenizer's vocabulary, a negative ``min_version``: `streams.values.RequestChecks`) is refused on arrival.
 
 In a league the actor also serves its member's frozen snapshots: a request whose ``policy_id`` is a snapshot id
 ``<policy_id>-v<n>`` is sampled with that snapshot's weights, loaded from ``snapshot_dir`` on first use (checked
@@ -50,6 +51,7 @@ from actors.rollout_weights import RolloutWeights
 from streams.weights import FetchedWeights, LearnerFeed, WeightsFollower
 from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, Completion, GenerationRequest
 from streams.replies import open_replies
+from streams.values import RequestChecks
 from streams.wire import Kind
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,7 @@ class RolloutActor(RolloutWeights):
         self._inbox = None
         self._sampler = None
         self._snapshots: OrderedDict[str, tuple] = OrderedDict()  # snapshot id -> (model, version), LRU
+        self._checks = RequestChecks(name)  # what a request must hold before it is queued
         self.device, self.dtype = torch.device("cpu"), torch.float32  # resolved when the actor loads its model
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -131,7 +134,7 @@ class RolloutActor(RolloutWeights):
                 manifests = LearnerFeed(weights)  # versions and lives, and manifests, in order
                 self._follower = WeightsFollower(transport, shared_memory=self.cfg.weights_shared_memory)
                 self._streams = {"requests": self._inbox, "weights": manifests}
-                nursery.start_soon(self._queue_requests, queue_in)
+                nursery.start_soon(self._queue_requests, queue_in, completions_in, len(engine[1]))
                 nursery.start_soon(self._follow_weights, manifests)
                 nursery.start_soon(self._send_completions, completions_out, transport)
                 if self.cfg.backend == "vllm":
@@ -171,9 +174,13 @@ class RolloutActor(RolloutWeights):
         model, tokenizer = loaded
         return model.to(device=self.device, dtype=self.dtype), tokenizer
 
-    async def _queue_requests(self, queue_in) -> None:
+    async def _queue_requests(self, queue_in, completions, vocab_size: int) -> None:
         while True:
-            await queue_in.send(await self._inbox.receive())
+            request = await self._inbox.receive()
+            if refusal := self._checks.refusal(request, vocab_size):  # counted and logged; the env drops the episode
+                await completions.send((Completion.refused(request.request_id, refusal), request))
+            else:
+                await queue_in.send(request)
 
     async def _send_completions(self, completions, transport) -> None:
         """Each to its request's ``reply_to``, if the transport may connect there; a destination that takes nothing
@@ -319,7 +326,8 @@ class RolloutActor(RolloutWeights):
     def statistics(self) -> dict:
         inbox = self._inbox.statistics() if self._inbox else {}
         wall = time.perf_counter() - self._started_at
-        return {**self._stats, "version": self.version, "life": self.life, "learner_life": self._live_life,
+        return {**self._stats, **self._checks.statistics(), "version": self.version, "life": self.life,
+                "learner_life": self._live_life,
                 "backend": self.cfg.backend, "dropped_frames": inbox.get("dropped_frames", 0),
                 "idle_fraction": min(self._stats["idle_s"] / wall, 1.0) if wall > 0 else 0.0,
                 "queued_requests": self._queue.statistics().current_buffer_used if self._queue else 0,

@@ -289,7 +289,9 @@ def previous_life(spill_dir: str | Path) -> Path | None:
 
 
 def _episode_id(batch: pa.RecordBatch) -> str:
-    return batch.column(Columns.EPISODE_ID)[0].as_py()
+    """The episode's id: its first row's, or the first a row has (a record spilled before replay checked every row
+    may hold a null id; its rows are refused as it is reloaded, the others kept)."""
+    return next((i for i in batch.column(Columns.EPISODE_ID).to_pylist() if i), "")
 
 
 def _read_batches(path: Path):

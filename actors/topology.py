@@ -5,9 +5,10 @@ its rollout actors. The env actors are shared by every member, and a league (whe
 training matches. A single-policy run is a population of one member and no league: its actors keep their plain
 names (``learner``, ``rollout-0``), a league's carry their member's (``learner-main``, ``rollout-main-0``).
 
-episodes: env -> reward-m -> replay-m -> learner-m;  weights: learner-m -> rollout-m-*;  versions: learner-m -> env;
-generation: env -> rollout-m-* (requests for m, and for m's snapshots), rollout -> env (completions, to the
-address in each request);  matches (a league): env -> league (requests, results), league -> env (assignments).
+episodes: env -> reward-m -> replay-m -> learner-m;  weights: learner-m -> rollout-m-*;
+versions: learner-m -> env, replay-m (its ceiling on episodes' versions);  generation: env -> rollout-m-*
+(requests for m, and for m's snapshots), rollout -> env (completions, to the address in each request);
+matches (a league): env -> league (requests, results), league -> env (assignments).
 
 Actors of one layer start side by side (their processes load at once): every member's learner, then every
 replay, every reward actor, every rollout actor, and the env actors.
@@ -128,7 +129,8 @@ def build_topology(cluster, cfg: RunConfig, model_path: str | Path, run_dir: Pat
     learners = cluster.spawn_many([(g.learner, LearnerActor, learner_config(cfg, g, top.life), {}) for g in groups])
     spawn_learner_ranks(cluster, cfg, top.life, groups, learners)
     replays = cluster.spawn_many([(g.replay, ReplayActor, replay_config(cfg, g, top.life),
-                                   {"learner": [learner["batches"]]}) for g, learner in zip(groups, learners)])
+                                   {"learner": [learner["batches"]], "versions": [learner["weights"]]})
+                                  for g, learner in zip(groups, learners)])
     rewards = cluster.spawn_many([(g.reward, RewardActor, RewardConfig(**built_args(cfg.reward.args)),
                                    {"replay": [replay["episodes"]]}) for g, replay in zip(groups, replays)])
     for group, learner, reward in zip(groups, learners, rewards):
@@ -161,7 +163,14 @@ def spawn_learner_ranks(cluster, cfg: RunConfig, life: str, groups: list[Group],
 def replay_config(cfg: RunConfig, group: Group, life: str) -> ReplayConfig:
     spill = str(group.spill_dir / life) if cfg.replay.spill else None  # with it a restarted replay loses nothing
     return ReplayConfig(spill_dir=spill, checkpoint_dir=str(group.policy_dir), resume=bool(cfg.resume),
-                        **built_args(cfg.replay.args))
+                        vocab_size=model_vocab_size(group.model_path), **built_args(cfg.replay.args))
+
+
+def model_vocab_size(model_path: str) -> int:
+    """The rows of the model's embedding: a token id at or above it is no token of the model's."""
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(model_path).vocab_size)
 
 
 def spawn_rollouts(cluster, cfg: RunConfig, top: Topology, joining: dict[str, int]) -> None:

@@ -37,6 +37,7 @@ from actors.engines.devices import resolve_device, resolve_dtype
 from actors.engines.snapshots import write_snapshot
 from actors.microbatches import Shard, control_group
 from actors.training import TrainerState, collate, policy_gradient_step
+from streams.values import check_rows
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +110,18 @@ def group_failure(shard: Shard):
         os._exit(70)
 
 
+class NonFiniteWeights(RuntimeError):
+    """The model holds a NaN or infinite parameter: it is not published, snapshotted or checkpointed."""
+
+
 class Trainer:
-    """One rank's share of the learner: ``cfg`` is the learner's ``LearnerConfig``."""
+    """One rank's share of the learner: ``cfg`` is the learner's ``LearnerConfig``.
+
+    ``update`` trains only on rows that pass ``streams.values.check_rows`` against the model's vocabulary and the
+    newest version any life of this learner can have published (``newest_version``; every rank checks the same
+    table the same way): nothing out of range reaches the model. The rows it rejects are counted by reason in the
+    update's statistics (``rejected_rows``).
+    """
 
     def __init__(self, cfg, shard: Shard = Shard()):
         self.cfg, self.shard = cfg, shard
@@ -163,30 +174,53 @@ class Trainer:
         load_optimizer(state, path)
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
 
-    @collective
     def update(self, table, lr: float, version: int) -> dict:
+        """One update on ``table``'s usable rows. Rank 0 (or a learner alone) checks them with its own config (a
+        restarted group's other ranks keep their first one) and sends the group only what passed."""
+        checked = check_rows(table, vocab_size=self.model.get_input_embeddings().num_embeddings,
+                             max_version=self.newest_version(version))
+        rejected = {"rejected_rows": checked.rejected_rows, "rejected_by_reason": checked.rejected}
+        if checked.rejected:
+            log.warning("%d rows of a batch not trained on, by reason %s; e.g. %s", checked.rejected_rows,
+                        checked.rejected, checked.example)
+        if not checked.table.num_rows:
+            return {**rejected, "tokens": 0, "rows": 0, "skipped_steps": 0}  # nothing to step on
+        return {**self.train(checked.table, lr, version), **rejected}
+
+    @collective
+    def train(self, table, lr: float, version: int) -> dict:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         batch = collate(table, self.tokenizer.pad_token_id)
         # the minibatches' shuffle: the same on every rank, and again after a resume
         generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + version)
         compute = self.dtype if self.shard.world == 1 else None  # a sharded model casts by its own policy
-        stats = policy_gradient_step(self.model, self.optimizer, batch, self.cfg.objective, self.state,
-                                     temperature=self.cfg.temperature, reference=self.reference, version=version,
-                                     generator=generator, max_tokens_per_microbatch=self.cfg.max_tokens_per_microbatch,
-                                     shard=self.shard, compute_dtype=compute)
-        return stats
+        return policy_gradient_step(self.model, self.optimizer, batch, self.cfg.objective, self.state,
+                                    temperature=self.cfg.temperature, reference=self.reference, version=version,
+                                    generator=generator, max_tokens_per_microbatch=self.cfg.max_tokens_per_microbatch,
+                                    shard=self.shard, compute_dtype=compute)
+
+    def newest_version(self, version: int) -> int | None:
+        """The newest policy version a token may carry when this learner is at ``version``: its own in the first
+        life of a fresh run; after a restart or a resume, the dead learner may have published up to
+        ``checkpoint_every`` versions past the checkpoint this one started from (its tokens are trained, with a
+        negative staleness: docs/faults-and-scaling.md); without periodic checkpoints, no bound is known."""
+        if self.cfg.life == 0 and not self.cfg.resume:
+            return version
+        every = self.cfg.checkpoint_every if self.cfg.save_dir else 0
+        return version + every if every else None
 
     @collective
     def full_state(self) -> dict[str, torch.Tensor]:
-        """The full weights, on rank 0 (on the CPU for a sharded model; the others get an empty dict)."""
+        """The full weights, on rank 0 (on the CPU for a sharded model; the others get an empty dict); checked
+        first: ``NonFiniteWeights`` rather than a NaN published, snapshotted or checkpointed."""
         if self.shard.world == 1:
-            return {name: p.detach() for name, p in self.model.named_parameters()}
+            return finite({name: p.detach() for name, p in self.model.named_parameters()})
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         names = [name for name, _ in self.model.named_parameters()]  # tied weights once, as with one rank
-        return {name: full[name] for name in names} if self.shard.rank == 0 else {}
+        return finite({name: full[name] for name in names}) if self.shard.rank == 0 else {}
 
     @collective
     def save(self, directory: Path, trainer_state: dict) -> None:
@@ -250,3 +284,14 @@ class Trainer:
                 if name == "stop":
                     return
                 getattr(Trainer, name).__wrapped__(self, *args)
+
+
+def finite(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``weights``, if every value is finite; else ``NonFiniteWeights`` naming the first tensor that is not."""
+    if not weights:
+        return weights
+    norms = torch._foreach_norm(list(weights.values()))  # inf or NaN if any element is
+    if bool(torch.isfinite(torch.stack([n.float() for n in norms])).all()):
+        return weights
+    name = next(name for name, n in zip(weights, norms) if not torch.isfinite(n))
+    raise NonFiniteWeights(f"parameter {name} holds a NaN or infinite value: these weights are not published")

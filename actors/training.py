@@ -7,6 +7,7 @@ settings; ``policy_gradient_step`` computes returns, advantages and the loss, an
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +25,7 @@ from streams.schema import Columns, trajectory_table
 LOSSES = ("decoupled_ppo", "ppo", "truncated_is", "reinforce")
 ADVANTAGES = ("rae", "rae_state", "grpo", "grpo_mean", "rebn")
 KL_ESTIMATORS = ("loss", "reward")
+NONFINITE_LOSS = "nonfinite_loss_max"  # while a minibatch runs: 1 if a micro-batch's loss was not finite
 
 
 @dataclass
@@ -240,6 +242,10 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     engine's numerics together. Given the model's ``version``, ``logprob_gap_same_version`` is the same over
     the tokens that version sampled: what is left is the engine's mismatch with the learner alone.
     ``compute_dtype`` (bf16 on a GPU): the forward passes run under autocast; log-probs are fp32.
+
+    A minibatch whose loss or gradient norm is not finite takes no optimizer step (``skipped_steps``; its
+    statistics are left out of the means): one NaN would otherwise reach every parameter. In a group every rank
+    decides on the same numbers (the group's maximum of that flag, and its gradient norm): all skip it or none.
     """
     advantages, stats = advantages_of(objective, state, batch)
     seat_returns = {f"return_seat{s}": batch.returns[batch.seats == s].mean().item()
@@ -272,9 +278,10 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     model.train()
     sync = getattr(model, "set_requires_gradient_sync", None)  # a sharded model: sum gradients once a step
     step_stats, gap_sums = [], [0.0, 0.0, 0.0, 0.0]  # gap, tokens, same-version gap, same-version tokens
+    skipped = []  # the statistics of the minibatches that took no step
     for i, (tokens, micro) in enumerate(steps):
         optimizer.zero_grad(set_to_none=True)
-        weighted: dict[str, float] = {}
+        weighted: dict[str, float] = {NONFINITE_LOSS: 0.0}
         for j, rows in enumerate(micro):
             if sync is not None:
                 sync(j == len(micro) - 1)
@@ -288,25 +295,32 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
             loss, s = _micro_loss(objective, mb, logits, logprobs, prox, row_advantages.to(device), reference,
                                   temperature, autocast)
             share = int(mask.sum()) / max(tokens, 1)
+            weighted[NONFINITE_LOSS] = max(weighted[NONFINITE_LOSS], float(not torch.isfinite(loss.detach())))
             (loss * share * shard.world).backward()  # the group averages gradients over its ranks
             for key, value in s.items():
                 weighted[key] = max(weighted.get(key, value), value) if key.endswith("_max") else \
                     weighted.get(key, 0.0) + share * value
-            gap = ((prox - mb.behaviour_logprobs[:, 1:]).abs() * mask).detach()
+            gap = torch.where(mask, (prox - mb.behaviour_logprobs[:, 1:]).abs(), 0.0).detach()
             gap_sums[0] += float(gap.sum())
             gap_sums[1] += int(mask.sum())
             if version is not None:
                 same = mb.versions[:, 1:] == version
                 gap_sums[2] += float((gap * same).sum())
                 gap_sums[3] += int((mask & same).sum())
-        weighted = _group_stats(weighted, shard)
+        weighted = _group_stats(weighted, shard)  # the group's: every rank reads the same numbers below
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), objective.max_grad_norm)
         weighted["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if weighted.pop(NONFINITE_LOSS) or not math.isfinite(weighted["grad_norm"]):
+            optimizer.zero_grad(set_to_none=True)  # no step: the optimizer's moments and count stay as they were
+            skipped.append(weighted)
+            continue
         optimizer.step()
         step_stats.append(weighted)
     model.eval()
     gap, tokens, same_gap, same_tokens = shard.sum(gap_sums)
-    merged = {key: sum(s[key] for s in step_stats) / len(step_stats) for key in step_stats[0]}
+    kept = step_stats or skipped
+    merged = {key: sum(s[key] for s in kept) / len(kept) for key in kept[0]}
+    merged["skipped_steps"] = len(skipped)
     if same_tokens:
         merged["logprob_gap_same_version"] = same_gap / same_tokens
     return {**stats, **merged, **seat_returns, "logprob_gap": gap / max(tokens, 1), "tokens": int(tokens),

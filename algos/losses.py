@@ -1,7 +1,9 @@
 """Losses: pure functions over tensors that return ``(loss, stats)``.
 
 Shapes: every per-token tensor is [B, T] and ``mask`` marks the action tokens that count; a masked
-token contributes nothing to the loss or its gradient. Log-probs are of the sampled tokens:
+token contributes nothing to the loss or its gradient, not even a NaN: masked positions are selected away with
+``torch.where`` (``x * 0`` is NaN for an infinite x), before anything non-linear is computed from them, so that
+no infinite intermediate meets a zero gradient there either. Log-probs are of the sampled tokens:
 ``logprobs`` under the policy being trained (pi_theta, with gradient), ``behaviour_logprobs`` recorded by
 the engine that sampled them (mu), ``proximal_logprobs`` recomputed by the learner before the update
 (pi_prox, no gradient). Advantages are already broadcast to tokens.
@@ -19,8 +21,14 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask = mask.to(x.dtype)
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    weights = mask.to(x.dtype)
+    return torch.where(mask != 0, x * weights, 0.0).sum() / weights.sum().clamp(min=1.0)
+
+
+def _kept(x: torch.Tensor, mask: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+    """``x`` where ``mask`` is set, ``fill`` elsewhere: what a masked position holds before it meets exp or a
+    product, so that neither its value nor its gradient can be infinite or NaN."""
+    return torch.where(mask != 0, x, fill)
 
 
 def sft_loss(logits: torch.Tensor, input_ids: torch.Tensor, target_mask: torch.Tensor):
@@ -47,7 +55,8 @@ def ppo_clip_loss(
     Here ``old_logprobs`` are the behaviour log-probs recorded by the engine that sampled the tokens.
     All tensors have the same shape [B, T]; advantages are already broadcast to tokens.
     """
-    ratio = torch.exp(logprobs - old_logprobs)
+    ratio = torch.exp(_kept(logprobs - old_logprobs, mask))
+    advantages = _kept(advantages, mask)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
     loss = -masked_mean(torch.minimum(unclipped, clipped), mask)
@@ -69,7 +78,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.T
     k3 = exp(ref - logp) - (ref - logp) - 1 is unbiased for samples from pi_theta and never negative.
     Keeping a self-play policy near its reference keeps its play diverse.
     """
-    delta = ref_logprobs - logprobs
+    delta = _kept(ref_logprobs - logprobs, mask)
     kl = masked_mean(torch.exp(delta) - delta - 1.0, mask)
     return kl, {"kl_ref": kl.item()}
 
@@ -84,14 +93,14 @@ def kl_cost_to_go(proximal_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, m
     move the reference plays. With the reverse KL the update is magnetic mirror descent's (Sokota et al.
     2023: the reference is the magnet), whose last iterate converges in two-player zero-sum games.
     """
-    per_token = (proximal_logprobs - ref_logprobs) * mask
-    to_go = per_token.flip(-1).cumsum(-1).flip(-1) * mask
+    per_token = _kept((proximal_logprobs - ref_logprobs) * mask, mask)
+    to_go = _kept(per_token.flip(-1).cumsum(-1).flip(-1) * mask, mask)
     return to_go, {"kl_ref": (per_token.sum() / mask.sum().clamp(min=1)).item()}
 
 
 def reinforce_loss(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor):
     """REINFORCE (Williams 1992): L = -E_t[A_t log pi_theta(a_t)]; on-policy, no correction."""
-    loss = -masked_mean(advantages * logprobs, mask)
+    loss = -masked_mean(_kept(advantages, mask) * _kept(logprobs, mask), mask)
     return loss, {"pg_loss": loss.item()}
 
 
@@ -119,7 +128,7 @@ def decoupled_ppo_loss(
     if not 0.0 <= low < high:
         raise ValueError(f"weight_range must satisfy 0 <= low < high, not {weight_range}")
     with torch.no_grad():
-        weights = torch.exp(proximal_logprobs - behaviour_logprobs)
+        weights = torch.exp(_kept(proximal_logprobs - behaviour_logprobs, mask))
         outside = ((weights < low) | (weights > high)) & mask.bool()
         if out_of_range == "mask":
             kept = mask.bool() & ~outside
@@ -127,7 +136,8 @@ def decoupled_ppo_loss(
         else:
             kept = mask.bool()
             weights = weights.clamp(low, high)
-    ratio = torch.exp(logprobs - proximal_logprobs)
+    ratio = torch.exp(_kept(logprobs - proximal_logprobs, mask))
+    advantages = _kept(advantages, mask)
     surrogate = torch.minimum(ratio * advantages, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages)
     # Averaged over every action token of the batch, kept or not: a masked token weighs zero, as in AReaL.
     loss = -masked_mean(weights * surrogate, mask)
@@ -160,9 +170,9 @@ def truncated_is_loss(
     if cap <= 0:
         raise ValueError(f"cap must be positive, not {cap}")
     with torch.no_grad():
-        rho = torch.exp(logprobs - behaviour_logprobs)
+        rho = torch.exp(_kept(logprobs - behaviour_logprobs, mask))
         weights = rho.clamp(max=cap)
-    loss = -masked_mean(weights * advantages * logprobs, mask)
+    loss = -masked_mean(weights * _kept(advantages, mask) * _kept(logprobs, mask), mask)
     with torch.no_grad():
         stats = {
             "pg_loss": loss.item(),

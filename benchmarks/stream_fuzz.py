@@ -16,7 +16,10 @@ endpoint the fuzzer sends N frames (10,000; 1,000 with --quick) of every class:
 Then it checks that each endpoint's counters account for every frame and that every actor still serves: the
 rollout answers a request, an episode goes reward -> replay -> learner and is trained on, the learner serves a
 chunk of its weights, the league assigns a match and takes a result, the env actor counts a stray completion.
-The last line is `fuzz_frames=<n> fuzz_crashes=<n>` (`benchmarks/streams.py` runs this fuzzer too).
+Then, unless `--no-poison`, it sends well-typed poison through a live reward -> replay -> learner pipeline and a
+league (`poison.py`) and counts the rows of poison kept in any spill, journal or trained batch.
+The last line is `fuzz_frames=<n> fuzz_crashes=<n> poison_kept=<n>` (`benchmarks/streams.py` runs the frame
+fuzzer too, and reports its part).
 """
 
 from __future__ import annotations
@@ -400,9 +403,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="bad frames at every kind of receiving endpoint of live actors")
     parser.add_argument("--quick", action="store_true", help="1,000 frames per endpoint instead of 10,000")
     parser.add_argument("--frames", type=int, help="frames per endpoint")
+    parser.add_argument("--no-poison", action="store_true", help="frames only: no poison through the pipeline")
     args = parser.parse_args()
     result = fuzz_live_actors(args.frames or (1000 if args.quick else 10_000))
-    print(summary(result))
+    line = summary(result)
+    if not args.no_poison:
+        from benchmarks import poison
+        outcome = poison.run(1 if args.quick else 2)
+        line += f" poison_kept={outcome['poison_kept']}"
+    print(line)
 
 
 if __name__ == "__main__":

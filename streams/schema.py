@@ -6,6 +6,8 @@ Column names are declared once, here (`Columns`), and the Arrow schema is built 
 
 from __future__ import annotations
 
+import struct
+
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
@@ -106,27 +108,82 @@ def encode_table(table: pa.Table, batch_seq: int | None = None) -> bytes:
 def decode_table(buf) -> pa.Table:
     """Read an Arrow IPC stream without copying: the table's buffers point into `buf`.
 
-    `buf` is bytes, a memoryview, or anything else with the buffer protocol (a zmq.Frame).
+    `buf` is bytes, a memoryview, or anything else with the buffer protocol (a zmq.Frame). It must hold exactly
+    one uncompressed IPC stream and nothing after it, and the table is validated in full (every offset, every
+    string's UTF-8) before anything reads it: a bad offset in the middle of a list column would otherwise read
+    outside the buffer (a crash in ``to_pylist``, far from the socket it came from), and a compressed body can
+    expand a small frame a thousandfold.
     """
-    try:
-        reader = pa.ipc.open_stream(pa.py_buffer(buf))
-        _check_version(reader.schema)
-        table = reader.read_all()
-    except (pa.ArrowException, OSError, TypeError) as error:
-        raise SchemaError(f"not an Arrow IPC stream: {error}") from error
-    if table.schema.equals(TRAJECTORY_SCHEMA, check_metadata=True):  # the common case: nothing to conform
-        return table
-    return _conform(table)
+    return _read_stream(buf)[0]
 
 
 def decode_batch(buf) -> tuple[pa.Table, int | None]:
     """A training batch and its number (None for a batch sent without one)."""
-    table = decode_table(buf)
-    found = pa.ipc.open_stream(pa.py_buffer(buf)).schema.metadata.get(BATCH_SEQ_KEY)
+    table, metadata = _read_stream(buf)
+    found = metadata.get(BATCH_SEQ_KEY)
     try:
         return table, int(found) if found is not None else None
     except ValueError as error:
         raise SchemaError(f"batch number {found!r} is not an integer") from error
+
+
+def _read_stream(buf) -> tuple[pa.Table, dict]:
+    """The table of the one IPC stream that is the whole of ``buf`` (conformed, validated) and its schema's
+    metadata; SchemaError for anything else."""
+    source = pa.BufferReader(pa.py_buffer(buf))
+    try:
+        messages = pa.ipc.MessageReader.open_stream(source)
+        first = messages.read_next_message()
+        if first.type != "schema":
+            raise SchemaError(f"an Arrow IPC stream starts with its schema, not a {first.type} message")
+        schema = pa.ipc.read_schema(first)
+        _check_version(schema)
+        batches = []
+        for message in messages:  # up to the end-of-stream marker (or the end of the bytes)
+            if message.type != "record batch":
+                raise SchemaError(f"a {message.type} message in a trajectory stream (one schema, then record batches)")
+            if _compressed(message.metadata):
+                raise SchemaError("a compressed IPC body: trajectories travel uncompressed")
+            batches.append(pa.ipc.read_record_batch(message, schema))
+        if source.tell() != source.size():
+            raise SchemaError(f"{source.size() - source.tell()} bytes after the IPC stream's end (one stream a frame)")
+        table = pa.Table.from_batches(batches, schema)
+    except SchemaError:
+        raise
+    except (pa.ArrowException, OSError, TypeError, ValueError, StopIteration, struct.error, IndexError) as error:
+        raise SchemaError(f"not an Arrow IPC stream: {error or type(error).__name__}") from error
+    try:
+        table.validate(full=True)
+    except pa.ArrowException as error:
+        raise SchemaError(f"an invalid Arrow table: {error}") from error
+    metadata = dict(schema.metadata or {})
+    if not table.schema.equals(TRAJECTORY_SCHEMA, check_metadata=True):  # the common case: nothing to conform
+        table = _conform(table)
+    return table, metadata
+
+
+def _compressed(metadata: pa.Buffer) -> bool:
+    """Does this record batch message (its flatbuffer ``Message``) declare compressed buffers?
+
+    ``Message``'s field 2 is its header, here a ``RecordBatch``, whose field 3 is ``compression`` (Arrow's
+    Message.fbs); Arrow has already verified the flatbuffer, and would decompress on reading.
+    """
+    data = metadata.to_pybytes()
+    root = struct.unpack_from("<I", data, 0)[0]
+    header = _field(data, root, 2)
+    if header is None:
+        return False
+    batch = header + struct.unpack_from("<I", data, header)[0]
+    return _field(data, batch, 3) is not None
+
+
+def _field(data: bytes, table: int, index: int) -> int | None:
+    """Where field ``index`` of the flatbuffer table at ``table`` lies (None: absent)."""
+    vtable = table - struct.unpack_from("<i", data, table)[0]
+    if 4 + 2 * index + 2 > struct.unpack_from("<H", data, vtable)[0]:
+        return None
+    offset = struct.unpack_from("<H", data, vtable + 4 + 2 * index)[0]
+    return table + offset if offset else None
 
 
 def _check_version(schema: pa.Schema) -> None:

@@ -15,7 +15,6 @@ life announced just before it, so a restarted learner's versions are told from i
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import mmap
@@ -33,6 +32,7 @@ from safetensors.torch import save as save_tensors
 from streams.endpoints import Inbox, Outbox
 from streams.messages import VersionAnnounced, WeightsChunk, WeightsFetch, WeightsManifest
 from streams.private_files import SHM_DIR, open_private, private_dir, remove_private_dir, sweep_stale, write_private
+from streams.replies import open_replies
 from streams.wire import DropLog, FrameError, Kind, decode_frame
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,7 @@ class WeightsPublisher:
         self._prefix = f"{name}-{policy_id}"
         self._published: dict[int, WeightsManifest] = {}  # version -> manifest, oldest first
         self.stats = {"published": 0, "bytes_written": 0, "chunks_served": 0, "fetches_refused": 0}
+        self.replies = None  # the chunk replies, while `serve_chunks` runs
 
     @property
     def latest(self) -> WeightsManifest | None:
@@ -147,16 +148,17 @@ class WeightsPublisher:
             await self.manifests.send(self.latest.to_body())
 
     async def serve_chunks(self, fetches: Inbox, transport) -> None:
-        """Answer ``WeightsFetch`` requests from other hosts, each to its ``reply_to`` address."""
-        async with contextlib.AsyncExitStack() as stack:
-            replies: dict[str, Outbox] = {}
+        """Answer ``WeightsFetch`` requests from other hosts, each to its ``reply_to`` address if the transport may
+        connect there; a destination that takes nothing holds up only its own chunks (`streams.replies`)."""
+        async with open_replies(transport, Kind.WEIGHTS_CHUNK, "weights", queue=64) as replies:
+            self.replies = replies
             while True:
                 fetch = await fetches.receive()
-                if fetch.reply_to not in replies:
-                    sender = await stack.enter_async_context(transport.open_sender([fetch.reply_to], capacity=8))
-                    replies[fetch.reply_to] = Outbox(sender, Kind.WEIGHTS_CHUNK, "weights")
                 data = await trio.to_thread.run_sync(self._read_chunk, fetch)
-                await replies[fetch.reply_to].send(WeightsChunk(self.policy_id, fetch.version, fetch.index, data).to_body())
+                replies.post(fetch.reply_to, WeightsChunk(self.policy_id, fetch.version, fetch.index, data).to_body())
+
+    def statistics(self) -> dict:
+        return {**self.stats, "replies": self.replies.statistics() if self.replies else {}}
 
     def _read_chunk(self, fetch: WeightsFetch) -> bytes:
         manifest = self._published.get(fetch.version)

@@ -20,6 +20,7 @@ of the main agents instead of refining the old ones (its snapshot keeps what it 
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -195,3 +196,18 @@ def pairwise_scores(seats: list[str], returns: list[float], learner: str) -> lis
     return, 0.5 for equal returns."""
     mine = max(r for s, r in zip(seats, returns) if s == learner)
     return [(s, 1.0 if mine > r else 0.5 if mine == r else 0.0) for s, r in zip(seats, returns) if s != learner]
+
+
+def result_problem(learner: str, seats: list[str], returns: list[float], members, players: int) -> tuple[str, str]:
+    """(reason, what is wrong) with a match result the league must not keep ("", "" for a good one): a learner
+    that is no member of the league or holds no seat (nothing to score it by), seats other than the game's
+    ``players``, or a return that is not a finite number."""
+    if learner not in members:
+        return "unknown_learner", f"learner {learner!r} is not a member of the league"
+    if learner not in seats:
+        return "seatless_learner", f"learner {learner!r} holds none of the seats {seats}"
+    if len(seats) != players or len(returns) != len(seats):
+        return "seats", f"{len(seats)} seats and {len(returns)} returns in a game of {players} players"
+    if not all(isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) for r in returns):
+        return "non_finite", f"returns {returns} are not all finite numbers"
+    return "", ""
