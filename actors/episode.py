@@ -104,11 +104,12 @@ async def _play(game, seats: list[str], turns: _Turns, episode_id: str, seed: in
     fixed = [make_opponent(name, seed=seed + s) if name in OPPONENTS else None for s, name in enumerate(seats)]
     episode = turns.episode_columns(episode_id, seats, seed, learner) if None in fixed else None  # rows share it
     credit = RewardCredit(game.num_players)
+    roles = getattr(game, "roles", None)  # seat -> role, where the game names roles
     for turn in itertools.count():
         seat = game.current_player
         player = fixed[seat]
         if player is None:
-            row = {**episode, Columns.TURN: turn, Columns.AGENT: seat}
+            row = {**episode, Columns.TURN: turn, Columns.AGENT: seat, Columns.ROLE: roles[seat] if roles else ""}
             result = await turns.policy_move(game, row, credit, seats[seat], seats[seat] == learner)
         else:
             result = await _step(game, player.act(game), credit)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from streams.schema import TRAJECTORY_SCHEMA, Columns
+from streams.schema import SCHEMA_V1, TRAJECTORY_SCHEMA, Columns, upgrade_batch
 
 log = logging.getLogger(__name__)
 BATCH_LOG = "batches.jsonl"
@@ -300,11 +300,13 @@ def _read_batches(path: Path):
     with open(path, "rb") as f:
         try:
             reader = pa.ipc.open_stream(f)
-            if not reader.schema.equals(TRAJECTORY_SCHEMA):
+            upgrade = reader.schema.equals(SCHEMA_V1)  # a spill written before role and scored_by: they are empty
+            if not (upgrade or reader.schema.equals(TRAJECTORY_SCHEMA)):
                 log.warning("%s: skipped: its schema is not the trajectory schema", path)
                 return
             while True:
-                yield reader.read_next_batch()
+                batch = reader.read_next_batch()
+                yield upgrade_batch(batch) if upgrade else batch
         except StopIteration:
             return
         except (pa.ArrowInvalid, OSError) as error:  # a tail cut off by a kill: what came before is whole

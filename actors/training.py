@@ -15,7 +15,7 @@ import pyarrow as pa
 import torch
 
 from algos.advantages import (StateValues, discounted_returns, grpo_advantages, rae_advantages, rebn_advantages,
-                              state_advantages)
+                              role_group_advantages, state_advantages)
 from algos.losses import (decoupled_ppo_loss, entropy_bonus, kl_cost_to_go, kl_penalty, ppo_clip_loss,
                           reinforce_loss, token_logprobs, truncated_is_loss)
 from actors import microbatches
@@ -23,7 +23,7 @@ from actors.microbatches import Shard
 from streams.schema import Columns, trajectory_table
 
 LOSSES = ("decoupled_ppo", "ppo", "truncated_is", "reinforce")
-ADVANTAGES = ("rae", "rae_state", "grpo", "grpo_mean", "rebn")
+ADVANTAGES = ("rae", "rae_state", "grpo", "grpo_mean", "rebn", "role_grpo")
 KL_ESTIMATORS = ("loss", "reward")
 NONFINITE_LOSS = "nonfinite_loss_max"  # while a minibatch runs: 1 if a micro-batch's loss was not finite
 
@@ -35,7 +35,8 @@ class Objective:
     loss: str = "decoupled_ppo"  # decoupled_ppo | ppo (clip on pi/mu: "naive" off-policy PPO) | truncated_is |
     # reinforce
     advantage: str = "rae"  # rae | rae_state (refined per observed state) | grpo (mean and std per role) |
-    # grpo_mean (mean only) | rebn (whole batch)
+    # grpo_mean (mean only) | rebn (whole batch) | role_grpo (GRPO over a role's attempts at one task, RAE for a
+    # role that acts once an episode: role self-play)
     gamma: float = 1.0  # per-turn discount of returns within an agent's turns
     clip_eps: float = 0.2
     weight_range: tuple[float, float] = (0.0, 5.0)  # decoupled PPO: allowed pi_prox / mu
@@ -91,7 +92,8 @@ class TokenBatch:
     seats: torch.Tensor  # [N]
     turns: torch.Tensor  # [N]
     segments: torch.Tensor  # [N], one id per (episode, seat): the turns that share a return
-    role_keys: list[tuple]  # [N], (env, matchup, seat): whose baseline a row shares
+    role_keys: list[tuple]  # [N], (env, matchup, role or seat): whose baseline a row shares
+    groups: torch.Tensor  # [N], one id per (episode, role or seat): a role's attempts at one task
     state_keys: list[int]  # [N], a digest of the prompt: where the agent stood (rae_state's key)
 
     def rows(self, index: torch.Tensor) -> TokenBatch:
@@ -134,6 +136,8 @@ def collate(table: pa.Table, pad_id: int) -> TokenBatch:
     seats = table.column(Columns.AGENT).to_pylist()
     episodes = table.column(Columns.EPISODE_ID).to_pylist()
     segment_ids: dict[tuple, int] = {}
+    roles = [role or seat for role, seat in zip(table.column(Columns.ROLE).to_pylist(), seats)]
+    group_ids: dict[tuple, int] = {}
     return TokenBatch(
         input_ids=torch.from_numpy(ids),
         attention_mask=torch.from_numpy((np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)),
@@ -146,7 +150,8 @@ def collate(table: pa.Table, pad_id: int) -> TokenBatch:
         turns=torch.tensor(table.column(Columns.TURN).to_numpy(), dtype=torch.int64),
         segments=torch.tensor([segment_ids.setdefault(k, len(segment_ids)) for k in zip(episodes, seats)]),
         role_keys=list(zip(table.column(Columns.ENV_NAME).to_pylist(), table.column(Columns.MATCHUP).to_pylist(),
-                           seats)),
+                           roles)),
+        groups=torch.tensor([group_ids.setdefault(k, len(group_ids)) for k in zip(episodes, roles)], dtype=torch.int64),
         state_keys=[prompt_digest(p) for p in prompts],
     )
 
@@ -202,6 +207,10 @@ def advantages_of(objective: Objective, state: TrainerState, batch: TokenBatch) 
             state.state_values = StateValues(objective.state_window, objective.state_capacity)
         advantages, stats = state_advantages(returns, roles, batch.state_keys, state.baselines, state.state_values,
                                              objective.state_prior, objective.rae_decay, batch.segments)
+        state.baselines = stats.pop("baselines")
+    elif objective.advantage == "role_grpo":
+        advantages, stats = role_group_advantages(returns, batch.groups, batch.segments, roles, state.baselines,
+                                                  objective.rae_decay)
         state.baselines = stats.pop("baselines")
     elif objective.advantage == "rebn":
         advantages, stats = rebn_advantages(returns)

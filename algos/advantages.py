@@ -58,6 +58,29 @@ def grpo_advantages(returns: torch.Tensor, groups: torch.Tensor, scale_by_std: b
     return advantages, stats
 
 
+def role_group_advantages(returns: torch.Tensor, groups: torch.Tensor, segments: torch.Tensor, roles: torch.Tensor,
+                          baselines: dict[int, float], decay: float = 0.95, scale_by_std: bool = False):
+    """Advantages for role self-play (Absolute Zero's per-role baselines): a role that makes several attempts at
+    one task in an episode (``groups``: one id per (episode, role); k solvers of one proposal) gets GRPO within
+    that group; a role that acts once an episode (the proposer) gets RAE's running baseline of its role. A group
+    counts its attempts as distinct ``segments`` (an agent's turns in one episode), so one agent's several turns
+    are not attempts of their own."""
+    attempts: dict[int, set] = {}
+    for g, seg in zip(groups.tolist(), segments.tolist()):
+        attempts.setdefault(g, set()).add(seg)
+    several = torch.tensor([len(attempts[g]) > 1 for g in groups.tolist()], dtype=torch.bool)
+    advantages = torch.zeros_like(returns, dtype=torch.float32)
+    stats: dict = {"baselines": dict(baselines)}
+    if (~several).any():
+        once, stats = rae_advantages(returns[~several], roles[~several], baselines, decay, segments[~several])
+        advantages[~several] = once
+    if several.any():
+        grouped, _ = grpo_advantages(returns[several], groups[several], scale_by_std)
+        advantages[several] = grouped
+        stats["attempt_groups"] = len({g for g, s in zip(groups.tolist(), several.tolist()) if s})
+    return advantages, stats
+
+
 def rebn_advantages(returns: torch.Tensor, eps: float = 1e-6):
     """Return batch normalisation (ReBN; GEM, Liu et al. 2025): A_i = (R_i - mean R) / (std R + eps).
 

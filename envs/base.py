@@ -35,7 +35,9 @@ class Game(Protocol):
     """A turn-based text game with ``num_players`` seats (roles are given by the prompt).
 
     ``step`` returns a StepResult, or an awaitable of one. A game may also have a ``max_tokens`` attribute:
-    the generation budget of the current turn (the env actor's default when absent or None).
+    the generation budget of the current turn (the env actor's default when absent or None), and a ``roles``
+    attribute: a role name per seat (``["proposer", "solver", "solver"]``), written on each row of the seat
+    (``role``), which keys the seat's advantage baseline instead of its index: seats of one role share it.
     """
 
     name: str

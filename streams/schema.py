@@ -10,7 +10,7 @@ import struct
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: role and scored_by (a version-1 spill is read with both empty: `upgrade_batch`)
 VERSION_KEY = b"tidal.schema_version"
 
 
@@ -37,6 +37,8 @@ class Columns:
     CREATED_AT = "created_at"  # unix seconds
     GENERATED_AT = "generated_at"
     SCORED_AT = "scored_at"
+    ROLE = "role"  # the agent's role where the game names roles (proposer, solver, ...); "" : its seat is its role
+    SCORED_BY = "scored_by"  # who set the reward: "" for the game's own outcome, else the scorer or judge
 
 
 FIELDS: tuple[tuple[str, pa.DataType], ...] = (
@@ -60,11 +62,21 @@ FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     (Columns.CREATED_AT, pa.float64()),
     (Columns.GENERATED_AT, pa.float64()),
     (Columns.SCORED_AT, pa.float64()),
+    (Columns.ROLE, pa.string()),
+    (Columns.SCORED_BY, pa.string()),
 )
+OPTIONAL: dict[str, object] = {Columns.ROLE: "", Columns.SCORED_BY: ""}  # a row may leave these out
 
 BATCH_SEQ_KEY = b"tidal.batch_seq"
 TRAJECTORY_SCHEMA = pa.schema(FIELDS, metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()})
 NAMES: tuple[str, ...] = tuple(name for name, _ in FIELDS)
+SCHEMA_V1 = pa.schema([f for f in FIELDS if f[0] not in OPTIONAL], metadata={VERSION_KEY: b"1"})
+
+
+def upgrade_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A record batch of a version-1 spill as version 2: ``role`` and ``scored_by`` empty."""
+    empty = pa.array([""] * batch.num_rows, pa.string())
+    return pa.RecordBatch.from_arrays([*batch.columns, empty, empty], schema=TRAJECTORY_SCHEMA)
 
 
 class SchemaError(ValueError):
@@ -72,17 +84,18 @@ class SchemaError(ValueError):
 
 
 def trajectory_table(rows: list[dict]) -> pa.Table:
-    """Build a table with exactly TRAJECTORY_SCHEMA from rows keyed by `Columns`.
+    """Build a table with exactly TRAJECTORY_SCHEMA from rows keyed by `Columns` (the `OPTIONAL` ones may be left
+    out: their defaults).
 
     Column by column, each with its type: for the few rows of an episode, several times faster than Arrow's
     row-by-row ``Table.from_pylist``.
     """
-    expected = set(NAMES)
+    expected, required = set(NAMES), set(NAMES) - set(OPTIONAL)
     for index, row in enumerate(rows):
-        if row.keys() != expected:
-            raise SchemaError(f"trajectory row {index}: {_difference(set(row), expected)}")
+        if row.keys() != expected and not required <= row.keys() <= expected:
+            raise SchemaError(f"trajectory row {index}: {_difference(set(row) | set(OPTIONAL), expected)}")
     try:
-        columns = [pa.array([row[name] for row in rows], type=kind) for name, kind in FIELDS]
+        columns = [pa.array([row.get(name, OPTIONAL.get(name)) for row in rows], type=kind) for name, kind in FIELDS]
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
         raise SchemaError(f"trajectory rows do not fit the schema: {error}") from error
     return pa.Table.from_arrays(columns, schema=TRAJECTORY_SCHEMA)

@@ -58,12 +58,12 @@ def test_columns_are_declared_once():
 
 
 def test_round_trip_keeps_every_column():
-    rows = [row(0), row(1), row(2)]
+    rows = [row(0), row(1), {**row(2), C.ROLE: "solver", C.SCORED_BY: "judge:tiny"}]
     table = trajectory_table(rows)
     assert table.schema.equals(TRAJECTORY_SCHEMA, check_metadata=True)
     decoded = decode_table(encode_table(table))
     assert decoded.schema.equals(TRAJECTORY_SCHEMA, check_metadata=True)
-    assert decoded.to_pylist() == rows
+    assert decoded.to_pylist() == [{C.ROLE: "", C.SCORED_BY: "", **r} for r in rows]  # left out: empty
     assert decoded.column(C.ACTION_IDS).to_pylist() == [[], [5], [5, 6]]
 
 
@@ -80,10 +80,10 @@ def test_empty_table_round_trips():
 
 
 def test_other_version_is_rejected():
-    table = trajectory_table([row(1)]).replace_schema_metadata({b"tidal.schema_version": b"2"})
-    with pytest.raises(SchemaError, match="trajectory schema version 2, expected 1"):
+    table = trajectory_table([row(1)]).replace_schema_metadata({b"tidal.schema_version": b"3"})
+    with pytest.raises(SchemaError, match="trajectory schema version 3, expected 2"):
         decode_table(ipc(table))
-    with pytest.raises(SchemaError, match="version 2"):
+    with pytest.raises(SchemaError, match="version 3"):
         encode_table(table)
 
 
@@ -118,3 +118,19 @@ def test_values_of_the_wrong_type_raise_schema_error():
 def test_garbage_bytes_raise_schema_error(garbage):
     with pytest.raises(SchemaError, match="not an Arrow IPC stream"):
         decode_table(garbage)
+
+
+def test_a_spill_of_schema_version_1_is_read_with_empty_roles(tmp_path):
+    """A run spilled before role and scored_by existed resumes: its episodes come back with both empty."""
+    from actors.spill import _read_batches
+    from streams.schema import SCHEMA_V1, upgrade_batch
+
+    old = trajectory_table([row(1), row(2)]).select([f.name for f in SCHEMA_V1]).replace_schema_metadata(
+        SCHEMA_V1.metadata)
+    path = tmp_path / "episodes-old.arrows"
+    with open(path, "wb") as f, pa.ipc.new_stream(f, SCHEMA_V1) as writer:
+        writer.write_table(old)
+    batches = list(_read_batches(path))
+    assert [b.schema.equals(TRAJECTORY_SCHEMA) for b in batches] == [True]
+    assert batches[0].column(C.ROLE).to_pylist() == ["", ""] and batches[0].num_rows == 2
+    assert upgrade_batch(old.to_batches()[0]).to_pylist() == trajectory_table([row(1), row(2)]).to_pylist()
