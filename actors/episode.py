@@ -104,22 +104,46 @@ async def _play(game, seats: list[str], turns: _Turns, episode_id: str, seed: in
     fixed = [make_opponent(name, seed=seed + s) if name in OPPONENTS else None for s, name in enumerate(seats)]
     episode = turns.episode_columns(episode_id, seats, seed, learner) if None in fixed else None  # rows share it
     credit = RewardCredit(game.num_players)
+    failure = None
+    async with trio.open_nursery() as nursery:  # for moves asked ahead (``_Asked``)
+        try:
+            result = await _turns(game, seats, turns, fixed, episode, credit, learner, nursery)
+        except Exception as error:  # raised as itself, not inside the nursery's exception group
+            failure = error
+        finally:
+            nursery.cancel_scope.cancel()  # moves asked for seats the episode ended before
+    if failure is not None:
+        raise failure
+    credit.finish(result)
+    turns.counts.finished(credit.returns)
+    return credit.rows, credit.returns
+
+
+async def _turns(game, seats: list[str], turns: _Turns, fixed: list, episode: dict | None, credit: RewardCredit,
+                 learner: str | None, nursery: trio.Nursery) -> StepResult:
+    """The episode's moves until it ends; its last step's result."""
     roles = getattr(game, "roles", None)  # seat -> role, where the game names roles
+    simultaneous = getattr(game, "simultaneous_players", None)
+    asked: dict[int, _Asked] = {}  # seats whose move was asked together with the current one's
     for turn in itertools.count():
         seat = game.current_player
         player = fixed[seat]
         if player is None:
             row = {**episode, Columns.TURN: turn, Columns.AGENT: seat, Columns.ROLE: roles[seat] if roles else ""}
-            result = await turns.policy_move(game, row, credit, seats[seat], seats[seat] == learner)
+            if seat in asked:
+                move = await asked.pop(seat).wait()
+            else:
+                for other in simultaneous() if simultaneous else ():  # moves that see nothing of each other
+                    if other != seat and fixed[other] is None and other not in asked:
+                        asked[other] = _Asked(nursery, turns, game, other, seats[other])
+                move = await turns.ask(game, seat, seats[seat])
+            result = await turns.play(game, {**row, **move}, credit, seats[seat] == learner)
         else:
             result = await _step(game, player.act(game), credit)
             await turns.counts.fixed_move_played()
         turns.counts.counts["steps"] += 1
         if result.terminated or result.truncated:
-            break
-    credit.finish(result)
-    turns.counts.finished(credit.returns)
-    return credit.rows, credit.returns
+            return result
 
 
 class _Turns:
@@ -136,11 +160,13 @@ class _Turns:
             Columns.MATCHUP: ",".join(seats),
         }
 
-    async def policy_move(self, game, row: dict, credit: RewardCredit, policy: str, trained: bool) -> StepResult:
-        """``policy``'s move in seat ``row[AGENT]``: asked and played; its row is added to ``credit`` when
-        ``trained`` (the learner's seats), else it only plays."""
-        row = await self.policy_turn(game.observation(row[Columns.AGENT]), row, getattr(game, "max_tokens", None),
-                                     policy)
+    async def ask(self, game, seat: int, policy: str) -> dict:
+        """``policy``'s move in ``seat``, asked (the turn's columns of a row)."""
+        return await self.policy_turn(game.observation(seat), {}, getattr(game, "max_tokens", None), policy)
+
+    async def play(self, game, row: dict, credit: RewardCredit, trained: bool) -> StepResult:
+        """A move asked (``row``), played; its row is added to ``credit`` when ``trained`` (the learner's seats),
+        else it only plays."""
         if trained:
             credit.add_row(row)
         result = await _step(game, row[Columns.ACTION_TEXT], credit)
@@ -190,6 +216,29 @@ async def _step(game, action: str, credit: RewardCredit) -> StepResult:
         result = await result
     credit.add_rewards(result.rewards)
     return result
+
+
+class _Asked:
+    """A seat's move asked ahead, beside the current seat's (the game's ``simultaneous_players``: seats whose
+    observations do not depend on each other's moves now, such as k solvers of one task): waited for on its turn."""
+
+    def __init__(self, nursery: trio.Nursery, turns: _Turns, game, seat: int, policy: str):
+        self._done, self._move, self._error = trio.Event(), None, None
+        nursery.start_soon(self._ask, turns, game, seat, policy)
+
+    async def _ask(self, turns: _Turns, game, seat: int, policy: str) -> None:
+        try:
+            self._move = await turns.ask(game, seat, policy)
+        except Exception as error:  # raised on its turn, where the episode handles it like any move's
+            self._error = error
+        finally:
+            self._done.set()
+
+    async def wait(self) -> dict:
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._move
 
 
 class RewardCredit:

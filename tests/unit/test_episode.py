@@ -122,3 +122,64 @@ def test_a_finished_game_can_be_played_again(seats):
     game = make("tictactoe")
     first, again = play(seats, FirstFreeCell(), game=game), play(seats, FirstFreeCell(), game=game)
     assert first[1] == again[1] and len(first[0]) == len(again[0])  # reset with the same seed: the same game
+
+
+class Quorum:
+    """A game of roles: seat 0 names a number, then seats 1..k each guess it, seeing only the question; the
+    guessers' moves do not depend on each other (``simultaneous_players``). Rewards at the end."""
+
+    name, num_players = "quorum", 4
+    roles = ["asker", "guesser", "guesser", "guesser"]
+
+    def reset(self, seed: int) -> None:
+        self.moves: list[str] = []
+
+    @property
+    def current_player(self) -> int:
+        return len(self.moves)
+
+    def simultaneous_players(self) -> list[int]:
+        return list(range(len(self.moves), 4)) if self.moves else []
+
+    def observation(self, player: int) -> str:
+        return "ask" if player == 0 else f"guess {player}"
+
+    def step(self, action_text: str):
+        from envs.base import StepResult
+
+        self.moves.append(action_text)
+        done = len(self.moves) == 4
+        right = sum(m == self.moves[0] for m in self.moves[1:])
+        return StepResult(rewards=[float(right), *[float(m == self.moves[0]) for m in self.moves[1:]], 0.0, 0.0][:4]
+                          if done else [0.0] * 4, terminated=done)
+
+    def legal_actions(self) -> list[str]:
+        return []
+
+
+def test_roles_are_written_on_rows_and_simultaneous_seats_are_asked_together():
+    """The three guessers' moves are asked at once (all three asks in flight before any answer), and each row
+    carries its seat's role."""
+
+    class Gate:
+        def __init__(self):
+            self.waiting, self.opened, self.most = 0, trio.Event(), 0
+
+        async def __call__(self, prompt_ids, max_tokens, policy):
+            prompt = CharCodec().decode(prompt_ids)
+            if prompt.startswith("guess"):
+                self.waiting += 1
+                self.most = max(self.most, self.waiting)
+                if self.waiting == 3:
+                    self.opened.set()
+                await self.opened.wait()  # no guess is answered before all three were asked
+            text = "[7]" if prompt == "ask" or prompt == "guess 2" else "[1]"
+            tokens = CharCodec().encode(text)
+            return Completion(1, tokens, [-0.5] * len(tokens), [0] * len(tokens), True)
+
+    gate = Gate()
+    rows, returns = play(["main"] * 4, gate, game=Quorum())
+    assert gate.most == 3
+    assert [r[Columns.ROLE] for r in rows] == ["asker", "guesser", "guesser", "guesser"]
+    assert [r[Columns.AGENT] for r in rows] == [0, 1, 2, 3] and [r[Columns.ACTION_TEXT] for r in rows][:3] == \
+        ["[7]", "[1]", "[7]"]
