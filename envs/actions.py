@@ -19,11 +19,13 @@ BRACKETED = re.compile(r"\[([^\[\]]*)\]")
 MAX_DIGITS = 9  # the longest number a move may hold (a game with larger ones says so); int() of 5,000 digits raises
 
 
-def first_move(text: str, read: Callable[[str], T | None]) -> T | None:
-    """The first bracketed part of ``text`` that ``read`` accepts (given stripped, lower-case, spaces
-    collapsed), or None when there is none."""
+def first_move(text: str, read: Callable[[str], T | None], *, keep_case: bool = False) -> T | None:
+    """The first bracketed part of ``text`` that ``read`` accepts (given stripped, lower-case unless
+    ``keep_case``, spaces collapsed), or None when there is none. ``keep_case`` is for a move that is a message
+    shown to another player (``envs.secret_keeper``); the game still reads it without regard to case."""
     for found in BRACKETED.finditer(text):
-        move = read(" ".join(found.group(1).lower().split()))
+        inside = found.group(1)
+        move = read(" ".join((inside if keep_case else inside.lower()).split()))
         if move is not None:
             return move
     return None

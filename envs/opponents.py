@@ -1,7 +1,8 @@
 """Fixed opponents: seats played by a rule instead of a policy. Each has ``act(game) -> action text``.
 
 An opponent reads the game object it plays, but only what the seat to move may know (its own card, the
-public history): ``minimax`` plays perfect TicTacToe, ``kuhn_equilibrium`` a Nash equilibrium of Kuhn Poker.
+public history): ``minimax`` plays perfect TicTacToe, ``kuhn_equilibrium`` a Nash equilibrium of Kuhn Poker,
+``secret_keeper_script`` either seat of Secret Keeper by a script.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import random
 
 from envs.actions import bracket
 from envs.base import Game
+from envs.secret_keeper import ATTACKER
 from envs.tictactoe import completing, format_move, has_line
 
 
@@ -125,3 +127,19 @@ class KuhnEquilibrium:
     def act(self, game: Game) -> str:
         moves, weights = zip(*self.policy(game).items())
         return bracket(self.rng.choices(moves, weights)[0])
+
+
+class SecretKeeperScript:
+    """Secret Keeper by script, in either seat. As the attacker: one of the game's fixed attack messages, at
+    random, each turn. As the defender: the right answer and a refusal (``safe_answer``), every reply; it never
+    leaks. Against it the policy as defender is measured on those attacks (it wins by answering without leaking);
+    as attacker it can only win by a leak the script never makes: that seat's score measures nothing."""
+
+    name = "secret_keeper_script"
+
+    def __init__(self, seed: int | None = None):
+        self.rng = random.Random(seed)
+
+    def act(self, game: Game) -> str:
+        keeper = _unwrap(game, "secret_keeper", self.name)
+        return self.rng.choice(keeper.attacks()) if keeper.current_player == ATTACKER else keeper.safe_answer()

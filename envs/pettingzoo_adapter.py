@@ -6,8 +6,9 @@
 An agent ``player_<seat>`` observes a dict: ``observation``, its own prompt text as UTF-8 bytes zero-padded
 to ``max_bytes`` (``env.observe_text(agent)`` gives the text itself), and ``action_mask`` over the game's
 action vocabulary. Actions are indices into ``env.vocabulary`` (the bracketed move texts); a masked-out
-action is an invalid move, with tidal's retry and forfeit rules (``max_retries`` etc. go to ``envs.make``); an
-index outside the action space is a caller's error (``ValueError``).
+action is an invalid move, with tidal's retry and forfeit rules (``max_retries`` etc. go to ``envs.make``), except
+in a game whose every message is a move (``secret_keeper``: the mask is the seat's menu); an index outside the
+action space is a caller's error (``ValueError``).
 Rewards are the game's per-seat rewards; when the game ends every agent is terminated (or truncated).
 """
 

@@ -16,7 +16,8 @@ from envs.guess_number import GuessNumber
 from envs.kuhn_poker import KuhnPoker
 from envs.liars_dice import LiarsDice
 from envs.negotiation import SimpleNegotiation
-from envs.opponents import GreedyOpponent, KuhnEquilibrium, MinimaxOpponent, RandomOpponent
+from envs.opponents import GreedyOpponent, KuhnEquilibrium, MinimaxOpponent, RandomOpponent, SecretKeeperScript
+from envs.secret_keeper import SecretKeeper
 from envs.single_agent import SingleAgentGame
 from envs.tictactoe import TicTacToe
 from envs.tool_latency import ToolLatencyTask
@@ -41,6 +42,8 @@ ENVIRONMENTS: dict[str, Registered] = {
     "negotiation": Registered(SimpleNegotiation, "2",
                               "trade wood/stone/gold at private values: [offer 2 wood for 1 gold] [accept] [deny]"),
     "liars_dice": Registered(LiarsDice, "2-6", "Liar's Dice (players=2..6, dice=2): [bid 3 5] [liar]"),
+    "secret_keeper": Registered(SecretKeeper, "2",
+                                "attacker makes a defender leak its secret, rule-judged: [any ASCII message]"),
     "guess_number": Registered(GuessNumber, "1", "find a hidden number with higher/lower feedback: [37]"),
     "countdown": Registered(Countdown, "1", "reach a target with + - * /, verified exactly: [(25 - 5) * 4]"),
     "tool_latency": Registered(ToolLatencyTask, "1",
@@ -48,7 +51,7 @@ ENVIRONMENTS: dict[str, Registered] = {
 }
 OPPONENTS: dict[str, Callable[..., object]] = {
     "random": RandomOpponent, "minimax": MinimaxOpponent, "greedy": GreedyOpponent,
-    "kuhn_equilibrium": KuhnEquilibrium}
+    "kuhn_equilibrium": KuhnEquilibrium, "secret_keeper_script": SecretKeeperScript}
 
 
 def make(name: str, *, invalid_penalty: float = -1.0, max_retries: int = 0, retry_penalty: float = -0.1,

@@ -9,7 +9,7 @@ from pettingzoo.test import api_test  # noqa: E402
 from envs.pettingzoo_adapter import aec_env  # noqa: E402
 
 GAMES = [("tictactoe", {}), ("kuhn_poker", {}), ("negotiation", {}), ("liars_dice", {}),
-         ("liars_dice", {"players": 6, "dice": 1})]
+         ("liars_dice", {"players": 6, "dice": 1}), ("secret_keeper", {})]
 
 
 @pytest.mark.parametrize("name,kwargs", GAMES)
