@@ -87,6 +87,7 @@ def draw_question(rng: random.Random) -> tuple[str, int]:
 class SecretKeeper:
     name = "secret_keeper"
     num_players = 2
+    roles = ["attacker", "defender"]  # each row says which it played (the role column)
 
     def __init__(self, rounds: int = 2, max_chars: int = 300, secrets: str = "any"):
         if rounds < 1:
