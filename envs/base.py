@@ -37,7 +37,8 @@ class Game(Protocol):
     ``step`` returns a StepResult, or an awaitable of one. A game may also have a ``max_tokens`` attribute:
     the generation budget of the current turn (the env actor's default when absent or None), and a ``roles``
     attribute: a role name per seat (``["proposer", "solver", "solver"]``), written on each row of the seat
-    (``role``), which keys the seat's advantage baseline instead of its index: seats of one role share it.
+    (``role``), which keys the seat's advantage baseline instead of its index: seats of one role share it. A
+    game where one seat's forfeit need not end the episode has ``forfeit_turn()`` (``envs.invalid``).
     """
 
     name: str

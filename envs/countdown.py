@@ -13,6 +13,7 @@ terms or 100,000 nested parentheses is read in time linear in its length, never 
 
 from __future__ import annotations
 
+import functools
 import operator
 import random
 import re
@@ -86,6 +87,53 @@ def evaluate(expression: Postfix) -> Fraction | None:
 
 def numbers_used(expression: Postfix) -> Counter:
     return Counter(item for item in expression if isinstance(item, int))
+
+
+MAX_SEARCHED = 4  # ``reachable`` is exhaustive: 4 numbers make a few thousand values, 6 would make millions
+
+
+@functools.lru_cache(maxsize=4096)
+def reachable(numbers: tuple[int, ...]) -> dict[Fraction, str]:
+    """Every value that some of ``numbers`` reach with + - * / (each given number at most once, as often as it is
+    given), in exact fractions, each with one expression that reaches it (a text ``parse_expression`` reads).
+
+    An exhaustive search over subsets: the values of a subset combine the values of each split of it into two.
+    At most ``MAX_SEARCHED`` numbers (a ``ValueError`` beyond). Pass a sorted tuple to share the cache."""
+    if not 1 <= len(numbers) <= MAX_SEARCHED:
+        raise ValueError(f"reachable() searches 1 to {MAX_SEARCHED} numbers, not {len(numbers)}")
+    count = len(numbers)
+    values: list[dict[Fraction, str]] = [{} for _ in range(1 << count)]  # per subset (a bit mask)
+    for i, n in enumerate(numbers):
+        values[1 << i] = {Fraction(n): str(n)}
+    for mask in range(1, 1 << count):
+        if not mask & (mask - 1):  # one number: set above
+            continue
+        found = values[mask]
+        part = (mask - 1) & mask
+        while part:  # every split into two non-empty parts, each once (part < rest); both orders below
+            rest = mask ^ part
+            if part < rest:
+                for a, text_a in values[part].items():
+                    for b, text_b in values[rest].items():
+                        for value, text in _combinations(a, text_a, b, text_b):
+                            found.setdefault(value, text)
+            part = (part - 1) & mask
+    everything: dict[Fraction, str] = {}
+    for found in values:
+        for value, text in found.items():
+            everything.setdefault(value, text[1:-1] if text.startswith("(") else text)
+    return everything
+
+
+def _combinations(a: Fraction, text_a: str, b: Fraction, text_b: str):
+    yield a + b, f"({text_a} + {text_b})"
+    yield a * b, f"({text_a} * {text_b})"
+    yield a - b, f"({text_a} - {text_b})"
+    yield b - a, f"({text_b} - {text_a})"
+    if b:
+        yield a / b, f"({text_a} / {text_b})"
+    if a:
+        yield b / a, f"({text_b} / {text_a})"
 
 
 class Countdown:

@@ -8,6 +8,10 @@ not change. This wrapper decides what that costs the mover:
 - after that, the invalid action is a forfeit: the episode ends, the mover gets ``invalid_penalty`` and
   every other seat 0.
 
+A game where a forfeit need not end the episode (one of several solvers gives up: the others still answer)
+has ``forfeit_turn()``: called on a forfeit, it moves the game past the mover's turn and returns that step's
+``StepResult`` (the mover's ``invalid_penalty`` is added to it), or None to end the episode as above.
+
 With ``max_retries=0`` (the default) the first invalid action is a forfeit. Every invalid action is still
 a ``StepResult`` with ``invalid=True``, so the env actor counts them.
 """
@@ -71,6 +75,13 @@ class InvalidActions:
                           f"Try again ({left} more tries after this one).\n")
             rewards[mover] = self.retry_penalty
             return StepResult(rewards, terminated=False, invalid=True, info={**result.info, "retries_left": left})
-        self.done = True
         rewards[mover] = self.invalid_penalty
+        forfeit_turn = getattr(self.game, "forfeit_turn", None)
+        after = forfeit_turn() if forfeit_turn is not None else None
+        if after is not None:  # the game goes on without the mover's move
+            self._retries, self._note = 0, ""
+            self.done = after.terminated or after.truncated
+            return StepResult([r + a for r, a in zip(rewards, after.rewards)], after.terminated, after.truncated,
+                              invalid=True, info={**result.info, **after.info, "forfeit": mover})
+        self.done = True
         return StepResult(rewards, terminated=True, invalid=True, info={**result.info, "forfeit": mover})

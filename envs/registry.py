@@ -17,6 +17,7 @@ from envs.kuhn_poker import KuhnPoker
 from envs.liars_dice import LiarsDice
 from envs.negotiation import SimpleNegotiation
 from envs.opponents import GreedyOpponent, KuhnEquilibrium, MinimaxOpponent, RandomOpponent, SecretKeeperScript
+from envs.propose_solve import build as build_propose_solve
 from envs.secret_keeper import SecretKeeper
 from envs.single_agent import SingleAgentGame
 from envs.tictactoe import TicTacToe
@@ -44,6 +45,9 @@ ENVIRONMENTS: dict[str, Registered] = {
     "liars_dice": Registered(LiarsDice, "2-6", "Liar's Dice (players=2..6, dice=2): [bid 3 5] [liar]"),
     "secret_keeper": Registered(SecretKeeper, "2",
                                 "attacker makes a defender leak its secret, rule-judged: [any ASCII message]"),
+    "propose_solve": Registered(build_propose_solve, "2-9",
+                                "one policy proposes Countdown tasks and k solvers (solvers=1..8) answer: "
+                                "[3 4 5 -> 17], [(3 * 4) + 5]"),
     "guess_number": Registered(GuessNumber, "1", "find a hidden number with higher/lower feedback: [37]"),
     "countdown": Registered(Countdown, "1", "reach a target with + - * /, verified exactly: [(25 - 5) * 4]"),
     "tool_latency": Registered(ToolLatencyTask, "1",

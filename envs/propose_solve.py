@@ -1,0 +1,195 @@
+"""Propose and solve (Absolute Zero, Zhao et al. 2025, on Countdown): one policy sets tasks and solves them.
+
+Seat 0 is the proposer, seats 1..k the solvers (``solvers``, default 4); ``roles`` names them, so the learner
+can baseline each role apart (``advantage: role_grpo``: GRPO over the k solvers' attempts, a running baseline
+for the proposer). The proposer moves first and writes a task ``[a b c -> t]``: 2 to 4 numbers in
+1..``max_number`` and a target in 1..``max_target`` that some of them reach with + - * / (each at most once).
+The game checks the claim exactly (``envs.countdown.reachable``). Then each solver answers once, alone: its
+prompt shows the task and nothing of the other solvers' answers; an answer is a Countdown expression
+(``[(3 * 4) + 5]``), checked exactly as ``envs.countdown`` does.
+
+Rewards, all at the end: a solver 1 if its expression equals the target, else 0; the proposer the task's
+learnability, 1 - r when 0 < r < 1, else 0, where r is the share of solvers that solved it. A task all solve,
+or none, teaches nothing.
+
+Invalid moves follow ``envs.invalid``: a proposal that cannot be read, is out of range or claims an
+unreachable target is invalid, and so is a solver's answer that cannot be read. With no retries left the
+proposer's forfeit ends the episode (the proposer gets ``invalid_penalty``, nobody else moves); a solver's
+forfeit costs that solver ``invalid_penalty`` and counts as unsolved, and the next solver answers
+(``forfeit_turn``). ``configs/env/propose_solve.yaml`` sets ``invalid_penalty: -0.5``.
+
+With a ``buffer`` (``envs.task_buffer``), each finished episode records its task's solve rate there; the
+proposer's prompt shows ``references`` stored tasks as examples; and with probability ``buffer_share`` an
+episode replays a stored task: the solvers answer it and the proposer has no turn (reward 0). ``build``, the
+registry's factory, gives every game of a process the shared buffer ``buffer`` names (``buffer=None``: none).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from fractions import Fraction
+
+from envs.actions import bracket, first_move, read_int
+from envs.base import StepResult
+from envs.countdown import evaluate, numbers_used, parse_expression, reachable
+from envs.task_buffer import TaskBuffer, shared_buffer
+
+MIN_NUMBERS, MAX_NUMBERS = 2, 4
+MAX_SOLVERS = 8
+
+
+def learnability(solve_rate: float) -> float:
+    """Absolute Zero's proposer reward: 1 - r for a task solved sometimes (0 < r < 1), else 0."""
+    return 1.0 - solve_rate if 0.0 < solve_rate < 1.0 else 0.0
+
+
+def read_proposal(inside: str) -> tuple[tuple[int, ...], int] | None:
+    """``3 4 5 -> 17`` as ((3, 4, 5), 17): 2 to 4 whole numbers, an arrow, a whole target; None otherwise."""
+    left, arrow, right = inside.partition("->")
+    words = left.split()
+    if not arrow or not MIN_NUMBERS <= len(words) <= MAX_NUMBERS:
+        return None
+    numbers = tuple(read_int(word) for word in words)
+    target = read_int(right.strip())
+    if None in numbers or target is None:
+        return None
+    return numbers, target
+
+
+class ProposeSolve:
+    name = "propose_solve"
+
+    def __init__(self, solvers: int = 4, max_number: int = 10, max_target: int = 50,
+                 buffer: TaskBuffer | None = None, buffer_share: float = 0.25, references: int = 2,
+                 max_new_tokens: int | None = None):
+        if not 1 <= solvers <= MAX_SOLVERS:
+            raise ValueError(f"solvers must be 1 to {MAX_SOLVERS}, not {solvers}")
+        if not 1 <= max_number <= 1000 or not 1 <= max_target <= 10**6:
+            raise ValueError(f"max_number must be 1 to 1000 and max_target 1 to 10**6, not {max_number}, {max_target}")
+        if not 0.0 <= buffer_share <= 1.0:
+            raise ValueError(f"buffer_share must lie in [0, 1], not {buffer_share}")
+        if references < 0:
+            raise ValueError(f"references must be >= 0, not {references}")
+        if buffer is not None and not isinstance(buffer, TaskBuffer):
+            raise ValueError(f"buffer must be a TaskBuffer or None, not {type(buffer).__name__}")
+        self.solvers, self.max_number, self.max_target = solvers, max_number, max_target
+        self.buffer, self.buffer_share, self.references = buffer, buffer_share, references
+        self.num_players = solvers + 1
+        self.roles = ["proposer"] + ["solver"] * solvers
+        self.max_tokens = max_new_tokens  # each turn's generation budget (None: the env actor's)
+        self.reset(0)
+
+    def reset(self, seed: int = 0) -> None:
+        rng = random.Random(seed)
+        self.numbers: tuple[int, ...] | None = None
+        self.target: int | None = None
+        self.solved: list[bool] = []
+        self.done = False
+        self._example_seed = rng.randrange(2**31)  # the legal proposal's, drawn only when asked for
+        self.replayed = bool(self.buffer) and rng.random() < self.buffer_share
+        shown = self.buffer.sample(self.references, rng) if self.buffer and self.references else []
+        self.examples = [(task.text(), task.mean_solve_rate) for task in shown]  # as they stand now
+        if self.replayed:
+            task = self.buffer.sample(1, rng)[0]
+            self.numbers, self.target = tuple(rng.sample(task.numbers, len(task.numbers))), task.target
+        self.turn = 1 if self.replayed else 0
+
+    @property
+    def current_player(self) -> int:
+        return self.turn
+
+    def task_text(self) -> str:
+        return f"[{' '.join(map(str, self.numbers))} -> {self.target}]"
+
+    def observation(self, player: int) -> str:
+        if player == 0:
+            if self.turn == 0:
+                return self._proposer_prompt()
+            if self.replayed:
+                return f"This round replays the stored task {self.task_text()}: you have no move."
+            return f"You proposed {self.task_text()}; the solvers are answering."
+        if self.numbers is None:
+            return "Countdown. Waiting for the proposer's task."
+        return (f"Countdown. Numbers: {' '.join(map(str, self.numbers))}. Target: {self.target}.\n"
+                f"Reach the target with + - * / and parentheses, each number at most once. Answer like "
+                f"[(1 + 2) * 3]:")
+
+    def _proposer_prompt(self) -> str:
+        earlier = "".join(f"\n{text}" + ("" if rate is None else f" solved {round(100 * rate)}%")
+                          for text, rate in self.examples)
+        return (f"Propose a Countdown task: {MIN_NUMBERS} to {MAX_NUMBERS} numbers from 1 to {self.max_number}, "
+                f"'->', and a target from 1 to {self.max_target} that the numbers reach with + - * / (each number "
+                f"at most once). Example: [3 4 5 -> 17] (3 * 4 + 5). {self.solvers} solvers will try it: you score "
+                f"when some but not all solve it." + (f"\nEarlier tasks:{earlier}" if earlier else "") + "\nTask:")
+
+    def legal_actions(self) -> list[str]:
+        if self.done:
+            return []
+        if self.turn == 0:
+            return [bracket(self._some_proposal())]
+        return [bracket(reachable(tuple(sorted(self.numbers)))[Fraction(self.target)])]
+
+    def _some_proposal(self) -> str:
+        """A valid task, the same for a seed."""
+        rng = random.Random(self._example_seed)
+        while True:
+            numbers = [rng.randint(1, self.max_number) for _ in range(rng.randint(MIN_NUMBERS, MAX_NUMBERS))]
+            targets = sorted(int(v) for v in reachable(tuple(sorted(numbers)))
+                             if v.denominator == 1 and 1 <= v <= self.max_target)
+            if targets:
+                return f"{' '.join(map(str, numbers))} -> {rng.choice(targets)}"
+
+    def step(self, action_text: str) -> StepResult:
+        if self.done:
+            raise RuntimeError("step() on a finished game; call reset() first")
+        return self._propose(action_text) if self.turn == 0 else self._solve(action_text)
+
+    def _invalid(self, reason: str) -> StepResult:
+        return StepResult([0.0] * self.num_players, terminated=False, invalid=True, info={"reason": reason})
+
+    def _propose(self, action_text: str) -> StepResult:
+        proposal = first_move(action_text, read_proposal)
+        if proposal is None:
+            return self._invalid(f"a task like [3 4 5 -> 17]: {MIN_NUMBERS} to {MAX_NUMBERS} numbers, '->', a target")
+        numbers, target = proposal
+        if not all(1 <= n <= self.max_number for n in numbers) or not 1 <= target <= self.max_target:
+            return self._invalid(f"numbers from 1 to {self.max_number} and a target from 1 to {self.max_target}")
+        if Fraction(target) not in reachable(tuple(sorted(numbers))):
+            return self._invalid(f"{target} cannot be reached from {' '.join(map(str, numbers))}")
+        self.numbers, self.target, self.turn = numbers, target, 1
+        return StepResult([0.0] * self.num_players, terminated=False, info={"task": self.task_text()})
+
+    def _solve(self, action_text: str) -> StepResult:
+        expression = first_move(action_text, parse_expression)
+        if expression is None:
+            return self._invalid("one expression of the numbers with + - * / and parentheses, in brackets")
+        allowed = not (numbers_used(expression) - Counter(self.numbers))
+        return self._answered(allowed and evaluate(expression) == self.target)  # at most 4 numbers: cheap
+
+    def forfeit_turn(self) -> StepResult | None:
+        """``envs.invalid``'s hook for a forfeit: a solver's counts as unsolved and the next solver answers; the
+        proposer's (None) ends the episode."""
+        return None if self.turn == 0 else self._answered(False)
+
+    def _answered(self, correct: bool) -> StepResult:
+        self.solved.append(correct)
+        if len(self.solved) < self.solvers:
+            self.turn += 1
+            return StepResult([0.0] * self.num_players, terminated=False, info={"correct": correct})
+        self.done = True
+        rate = sum(self.solved) / self.solvers
+        if self.buffer is not None:
+            self.buffer.record(self.numbers, self.target, rate)
+        proposer = 0.0 if self.replayed else learnability(rate)
+        return StepResult([proposer, *(float(s) for s in self.solved)], terminated=True,
+                          info={"correct": correct, "task": self.task_text(), "solve_rate": rate,
+                                "solved": list(self.solved), "replayed": self.replayed})
+
+
+def build(buffer: str | TaskBuffer | None = "propose_solve", buffer_capacity: int = 1024, **kwargs) -> ProposeSolve:
+    """The registry's factory: ``buffer`` names the process's shared buffer (``envs.task_buffer.shared_buffer``,
+    so every game an env actor makes shares one), or is a TaskBuffer, or None for no buffer."""
+    if isinstance(buffer, str):
+        buffer = shared_buffer(buffer, buffer_capacity)
+    return ProposeSolve(buffer=buffer, **kwargs)

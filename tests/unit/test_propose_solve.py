@@ -1,0 +1,258 @@
+"""Propose and solve (envs/propose_solve.py) and its task buffer (envs/task_buffer.py)."""
+
+import random
+from fractions import Fraction
+
+import pyarrow as pa
+import pytest
+import trio
+
+from actors.episode import EpisodeSettings, play_episode
+from envs.countdown import evaluate, parse_expression, reachable
+from envs.propose_solve import ProposeSolve
+from envs.registry import make
+from envs.task_buffer import SCHEMA, TaskBuffer, shared_buffer
+from streams.messages import Completion
+from streams.schema import Columns
+
+RIGHT, WRONG = "[(3 * 4) + 5]", "[3 + 4 + 5]"  # for the task [3 4 5 -> 17]
+
+
+def game(max_retries=0, **kwargs):
+    return make("propose_solve", invalid_penalty=-0.5, max_retries=max_retries, **{"buffer": None, **kwargs})
+
+
+def play(g, moves):
+    results = []
+    for move in moves:
+        results.append(g.step(move))
+    return results
+
+
+@pytest.mark.parametrize("answers,proposer", [
+    ([RIGHT, WRONG, RIGHT, WRONG], 0.5), ([RIGHT, WRONG, WRONG, WRONG], 0.75), ([RIGHT, RIGHT, RIGHT, WRONG], 0.25),
+    ([RIGHT] * 4, 0.0), ([WRONG] * 4, 0.0)])
+def test_solvers_score_their_answers_and_the_proposer_the_learnability(answers, proposer):
+    g = game()
+    g.reset(0)
+    assert g.current_player == 0 and g.roles == ["proposer"] + ["solver"] * 4
+    results = play(g, ["I propose [3 4 5 -> 17]", *answers])
+    assert [g_.terminated for g_ in results] == [False] * 4 + [True] and not any(r.invalid for r in results)
+    assert all(r.rewards == [0.0] * 5 for r in results[:-1])  # everything is paid at the end
+    assert results[-1].rewards == [proposer, *(1.0 if a == RIGHT else 0.0 for a in answers)]
+    assert results[-1].info["solve_rate"] == answers.count(RIGHT) / 4
+
+
+def test_a_solver_may_use_fewer_numbers_and_only_the_given_ones():
+    g = game(solvers=3)
+    g.reset(0)
+    results = play(g, ["[3 4 5 -> 12]", "[3 * 4]", "[12]", "[3 * 4 * 5 / 5]"])  # 12 is not given; 5 used twice
+    assert results[-1].rewards == pytest.approx([1 - 1 / 3, 1.0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("proposal,reason", [
+    ("[3 4 -> 50]", "cannot be reached"), ("[3 4 5 -> 51]", "target from 1 to 50"),
+    ("[11 2 -> 13]", "numbers from 1 to 10"), ("[0 2 -> 2]", "numbers from 1 to 10"),
+    ("[1 2 3 4 5 -> 3]", "a task like"), ("[7 -> 7]", "a task like"), ("3 4 5 -> 17", "a task like"),
+    ("[3 4 5 17]", "a task like"), ("[3 4 5 -> --17]", "a task like")])
+def test_an_invalid_proposal_ends_the_episode_with_the_penalty(proposal, reason):
+    g = game()
+    g.reset(0)
+    result = g.step(proposal)
+    assert result.invalid and result.terminated and result.info["forfeit"] == 0 and reason in result.info["reason"]
+    assert result.rewards == [-0.5, 0.0, 0.0, 0.0, 0.0]
+    with pytest.raises(RuntimeError, match="finished game"):  # no solver moves
+        g.step(RIGHT)
+
+
+def test_a_retried_proposal_is_told_why_and_changes_nothing():
+    g = game(max_retries=1)
+    g.reset(0)
+    before = g.observation(0)
+    retried = g.step("[3 4 -> 50]")
+    assert retried.invalid and not retried.terminated and g.current_player == 0
+    assert "cannot be reached" in g.observation(0) and g.observation(0).endswith(before)
+    assert not g.step("[3 4 -> 7]").invalid and g.current_player == 1
+
+
+def test_an_unreadable_answer_forfeits_that_solver_only():
+    g = game()
+    g.reset(0)
+    play(g, ["[3 4 5 -> 17]", RIGHT])
+    forfeit = g.step("I give up")
+    assert forfeit.invalid and not forfeit.terminated and forfeit.info["forfeit"] == 2
+    assert forfeit.rewards == [0.0, 0.0, -0.5, 0.0, 0.0] and g.current_player == 3
+    assert g.step(RIGHT).rewards == [0.0] * 5
+    last = g.step("[17]")  # a wrong answer, not an invalid one
+    assert last.terminated and not last.invalid and last.rewards == [0.5, 1.0, 0.0, 1.0, 0.0]  # 2 of 4 solved
+
+
+def test_a_solver_sees_the_task_and_never_another_solvers_answer():
+    g = game(solvers=3)
+    g.reset(0)
+    g.step("[3 4 5 -> 17]")
+    prompts = []
+    for seat, answer in zip((1, 2, 3), ("[(3 * 4) + 5] first", "[5 + (4 * 3)] second", "[3 + 4 + 5] third")):
+        assert g.current_player == seat
+        prompts.append(g.observation(seat))
+        g.step(answer)
+        assert all(word not in g.observation(s) for s in range(4) for word in ("first", "second", "third", "(4 * 3)"))
+    assert prompts[0] == prompts[1] == prompts[2] and "Numbers: 3 4 5. Target: 17." in prompts[0]
+
+
+def test_the_legal_moves_are_a_valid_task_and_its_solution():
+    for seed in range(20):
+        g = game()
+        g.reset(seed)
+        proposal = g.legal_actions()[0]
+        assert not g.step(proposal).invalid
+        solution = parse_expression(g.legal_actions()[0][1:-1])
+        assert evaluate(solution) == g.target
+
+
+def test_reachable_is_exact_and_complete_for_two_numbers():
+    found = reachable((3, 7))
+    assert set(found) == {Fraction(3), Fraction(7), Fraction(10), Fraction(21), Fraction(4), Fraction(-4),
+                          Fraction(3, 7), Fraction(7, 3)}
+    assert all(evaluate(parse_expression(text)) == value for value, text in reachable((2, 5, 7, 9)).items())
+    with pytest.raises(ValueError, match="1 to 4 numbers"):
+        reachable((1, 2, 3, 4, 5))
+
+
+def test_the_seed_decides_the_episode():
+    def transcript(seed):
+        buffer = TaskBuffer(8)
+        for numbers, target in (([3, 4, 5], 17), ([2, 9], 18), ([1, 6, 8], 14)):
+            buffer.record(numbers, target, 0.5)
+        g = game(buffer=buffer, buffer_share=0.5)
+        g.reset(seed)
+        return [g.current_player, g.observation(0), g.observation(1), g.legal_actions()]
+
+    runs = [transcript(seed) for seed in range(12)]
+    assert runs == [transcript(seed) for seed in range(12)]
+    assert len({str(r) for r in runs}) > 6 and {r[0] for r in runs} == {0, 1}  # proposed and replayed episodes
+
+
+def test_a_buffered_task_is_replayed_to_the_solvers_only_and_recorded():
+    buffer = TaskBuffer(8)
+    buffer.record([3, 4, 5], 17, 1.0)
+    g = game(buffer=buffer, buffer_share=1.0)
+    g.reset(1)
+    assert g.current_player == 1 and "no move" in g.observation(0)
+    assert "Target: 17." in g.observation(1)
+    results = play(g, [RIGHT, WRONG, WRONG, WRONG])
+    assert results[-1].terminated and results[-1].rewards == [0.0, 1.0, 0.0, 0.0, 0.0]  # 0 < r < 1: still 0
+    assert buffer.get([5, 4, 3], 17).solve_rates == [1.0, 0.25]
+
+
+def test_valid_episodes_fill_the_buffer_and_show_it_to_the_proposer():
+    buffer = TaskBuffer(8)
+    g = game(buffer=buffer, buffer_share=0.0)
+    g.reset(0)
+    play(g, ["[3 4 5 -> 17]", RIGHT, WRONG, RIGHT, WRONG])
+    g.reset(1)
+    g.step("[3 4 -> 50]")  # invalid: not kept
+    assert [(t.numbers, t.target, t.solve_rates) for t in buffer.tasks()] == [((3, 4, 5), 17, [0.5])]
+    g.reset(2)
+    assert "Earlier tasks:\n[3 4 5 -> 17] solved 50%" in g.observation(0)
+
+
+def test_the_buffer_is_deduplicated_bounded_and_sampled():
+    buffer = TaskBuffer(capacity=3, seed=0)
+    buffer.record([3, 4, 5], 17, 0.0)
+    buffer.record((5, 3, 4), 17, 1.0)  # the same task
+    assert len(buffer) == 1 and buffer.get([4, 5, 3], 17).solve_rates == [0.0, 1.0]
+    for target in (12, 7, 2):
+        buffer.record([3, 4, 5], target, 0.5)
+    assert [t.target for t in buffer.tasks()] == [12, 7, 2]  # the oldest went first
+    drawn = buffer.sample(2, random.Random(5))
+    assert len(drawn) == 2 and len({t.target for t in drawn}) == 2 and all(t in buffer.tasks() for t in drawn)
+    assert sorted(t.target for t in buffer.sample(10)) == [2, 7, 12]
+    assert buffer.sample(2, random.Random(5)) == drawn
+    with pytest.raises(ValueError, match="solve rate"):
+        buffer.record([3, 4], 7, 1.5)
+
+
+def test_the_histogram_counts_tasks_by_mean_solve_rate():
+    buffer = TaskBuffer(10)
+    for target, rates in ((1, [0.0]), (2, [0.25, 0.35]), (5, [0.5]), (7, [1.0]), (12, [0.75, 1.0]), (6, [])):
+        buffer.record([2, 3, 4], target)
+        for rate in rates:
+            buffer.record([2, 3, 4], target, rate)
+    stats = buffer.statistics()
+    assert stats["size"] == 6 and stats["unrated"] == 1
+    assert stats["solve_rate_histogram"] == [1, 1, 1, 0, 2]
+    assert stats["mean_solve_rate"] == pytest.approx((0.0 + 0.3 + 0.5 + 1.0 + 0.875) / 5)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    buffer = TaskBuffer(10)
+    buffer.record([3, 4, 5], 17, 0.5)
+    buffer.record([2, 9], 18, 0.0)
+    buffer.record([2, 9], 18, 0.25)
+    path = str(tmp_path / "tasks.arrow")
+    buffer.save(path)
+    copy = TaskBuffer(10)
+    assert copy.load(path) == {"loaded": 2, "skipped": 0}
+    assert copy.to_table().equals(buffer.to_table()) and copy.statistics() == buffer.statistics()
+
+
+def test_a_corrupt_file_is_a_clear_error_and_bad_rows_are_skipped(tmp_path):
+    garbage = tmp_path / "garbage.arrow"
+    garbage.write_bytes(b"\x00not arrow at all" * 10)
+    with pytest.raises(ValueError, match="not a task buffer file"):
+        TaskBuffer().load(str(garbage))
+    wrong = tmp_path / "wrong.arrow"
+    table = pa.table({"numbers": [[3, 4]], "target": ["7"], "solve_rates": [[0.5]]})
+    with pa.OSFile(str(wrong), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    with pytest.raises(ValueError, match="its columns are"):
+        TaskBuffer().load(str(wrong))
+    with pytest.raises(ValueError, match="not a task buffer file"):
+        TaskBuffer().load(str(tmp_path / "missing.arrow"))
+    rows = pa.table({"numbers": [[3, 4], [3, 4], [7], [3, None], [3, 4], [3, 4, 5]],
+                     "target": [7, 50, 7, 3, 12, 17],
+                     "solve_rates": [[0.5], [0.5], [0.5], [0.5], [1.5], [float("nan")]]}, schema=SCHEMA)
+    bad = tmp_path / "bad.arrow"
+    with pa.OSFile(str(bad), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+        writer.write_table(rows)
+    buffer = TaskBuffer()
+    assert buffer.load(str(bad)) == {"loaded": 1, "skipped": 5}
+    assert [(t.numbers, t.target) for t in buffer.tasks()] == [((3, 4), 7)]
+
+
+def test_games_of_a_process_share_the_named_buffer():
+    first, second = make("propose_solve", buffer="test-shared"), make("propose_solve", buffer="test-shared")
+    assert first.buffer is second.buffer is shared_buffer("test-shared")
+    assert make("propose_solve", buffer=None).buffer is None
+    with pytest.raises(ValueError, match="holds 1024 tasks"):
+        make("propose_solve", buffer="test-shared", buffer_capacity=5)
+    with pytest.raises(ValueError, match="solvers must be 1 to 8"):
+        ProposeSolve(solvers=9)
+
+
+class CharCodec:
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(map(chr, ids))
+
+
+def test_an_episode_writes_rows_with_their_roles():
+    answers = iter([RIGHT, WRONG, "[5 + 4 * 3]", "[4 * 5 - 3]"])  # 3 of 4 solve
+
+    async def policy(prompt_ids, max_tokens, policy_id):
+        prompt = CharCodec().decode(prompt_ids)
+        text = "[3 4 5 -> 17]" if prompt.startswith("Propose") else next(answers)
+        tokens = CharCodec().encode(text)
+        return Completion(1, tokens, [-0.5] * len(tokens), [1] * len(tokens), True)
+
+    g = game(max_new_tokens=24)
+    settings = EpisodeSettings("propose_solve", max_new_tokens=8)
+    rows, returns = trio.run(lambda: play_episode(g, ["main"] * 5, policy, CharCodec(), settings,
+                                                  episode_id="e-0", seed=3, learner="main"))
+    assert [r[Columns.ROLE] for r in rows] == ["proposer"] + ["solver"] * 4
+    assert [r[Columns.AGENT] for r in rows] == [0, 1, 2, 3, 4]
+    assert returns == [0.25, 1.0, 0.0, 1.0, 1.0] and [r[Columns.REWARD] for r in rows] == returns
+    assert all(r[Columns.TERMINATED] for r in rows)
