@@ -33,7 +33,7 @@ from actors.rollout import RolloutConfig
 BUILT = {
     EnvConfig: ("tokenizer_path", "policy_id", "temperature", "max_new_tokens", "max_staleness", "batch_episodes",
                 "admission_slot", "start_version", "start_versions", "seed", "incarnation", "started_before",
-                "admission_offset", "ledger_dir", "life"),
+                "admission_offset", "ledger_dir", "life", "tasks_dir"),
     RolloutConfig: ("model_path", "policy_id", "backend", "seed", "snapshot_dir"),
     LearnerConfig: ("model_path", "policy_id", "temperature", "max_staleness", "save_dir", "checkpoint_every",
                     "resume", "data_life", "life", "seed", "budget_s", "budget_versions", "ranks"),

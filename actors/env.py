@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 import trio
@@ -46,6 +48,8 @@ from streams.schema import Columns, encode_table, trajectory_table
 from streams.wire import Kind
 
 POLICY = "policy"
+TASKS_SAVE_S = 30.0  # how often a role game's task buffer is saved with the run
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,6 +85,7 @@ class EnvConfig:
     admission_offset: int | None = None
     ledger_dir: str | None = None  # append each delivered training episode's id here (accounting)
     life: str = ""  # this start of the run (a resumed run is a new life): episode ids carry it
+    tasks_dir: str | None = None  # a role game's task buffer is kept here with the run (``<name>.arrows``)
 
     def __post_init__(self):
         if self.policy_id in OPPONENTS:
@@ -104,6 +109,7 @@ class EnvActor:
             offset=cfg.admission_offset, started_before=cfg.started_before)
         self._idle_games = [self._make_game()]  # also checks env_name and env_args now
         self._num_players = self._idle_games[0].num_players
+        self._tasks = getattr(self._idle_games[0], "buffer", None)  # a role game's task buffer (envs.task_buffer)
         self._counts = EpisodeCounts(self._num_players)
         self._training = {"train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
                           "train_episodes_without_rows": 0}
@@ -138,7 +144,25 @@ class EnvActor:
             self._policy, self._matches, self._nursery = policy, matches, nursery
             nursery.start_soon(self._admission.follow_versions, self._versions_inbox)
             nursery.start_soon(self._train, matches)
+            if self._tasks is not None and cfg.tasks_dir:
+                nursery.start_soon(self._keep_tasks, Path(cfg.tasks_dir) / f"{self.name}.arrows")
             task_status.started({"completions": policy.reply_to})
+
+    async def _keep_tasks(self, path: Path) -> None:
+        """The task buffer with the run: what an earlier life kept is loaded, and it is saved every TASKS_SAVE_S
+        and when the actor stops (atomically: a kill leaves the last save)."""
+        if path.exists():
+            try:
+                log.info("%s: task buffer %s: %s", self.name, path, self._tasks.load(path))
+            except ValueError as error:  # not a buffer of ours: the run goes on with what it has
+                log.warning("%s: task buffer %s not loaded: %s", self.name, path, error)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            while True:
+                await trio.sleep(TASKS_SAVE_S)
+                self._tasks.save(path)
+        finally:
+            self._tasks.save(path)
 
     def _open_matches(self, transport, peers: dict):
         """The match source: the league's when ``peers`` names one, else this policy's self-play."""
@@ -219,6 +243,7 @@ class EnvActor:
             "drained": self._drained,
             **self._running_statistics(),
             "evaluations": [t.summary() for t in self._evaluations.values()],
+            **({"task_buffer": self._tasks.statistics()} if self._tasks is not None else {}),
         }
 
     def _running_statistics(self) -> dict:

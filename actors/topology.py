@@ -75,6 +75,7 @@ class Topology:
     league_addresses: dict | None = None  # where env actors reach it
     life: str = ""  # this start of the run (a resumed run is a new life): replay's spill and the data cursor
     ledger: str | None = None  # the env actors' ledgers of delivered episodes (``run.ledger``)
+    tasks: str | None = None  # where env actors keep a role game's task buffer with the run
     snapshots: str | None = None  # a league's frozen snapshots
     tokenizer: str = ""  # the run's base model: the env actors' tokenizer
     envs_made: int = 0  # env actors ever started, as for rollout actors
@@ -120,6 +121,7 @@ def build_topology(cluster, cfg: RunConfig, model_path: str | Path, run_dir: Pat
         top.league_addresses = cluster.spawn(top.league, LeagueActor, LeagueConfig(
             members=[{"id": m.id, "role": m.role} for m in cfg.league.members], state_dir=str(run_dir / "league"),
             resume=bool(cfg.resume), seed=cfg.run.seed, **built_args(cfg.league.args)), peers={})
+    top.tasks = str(run_dir / "tasks")
     if cfg.run.ledger:
         top.ledger = str(run_dir / "ledger" / top.life)
         Path(top.ledger).mkdir(parents=True, exist_ok=True)
@@ -204,7 +206,8 @@ def spawn_envs(cluster, cfg: RunConfig, top: Topology, actors: list[tuple[str, i
         policy_id=first, temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
         max_staleness=cfg.learner.max_staleness, batch_episodes=cfg.replay.args.batch_episodes,
         admission_slot=slot, start_versions={g.member: g.start_version for g in groups},
-        seed=cfg.run.seed * 1000 + i, ledger_dir=top.ledger, life=top.life, **built_args(cfg.env.args)),
+        seed=cfg.run.seed * 1000 + i, ledger_dir=top.ledger, life=top.life, tasks_dir=top.tasks,
+        **built_args(cfg.env.args)),
         env_peers(top)) for name, i, slot in actors])
     return [name for name, _, _ in actors]
 

@@ -117,17 +117,18 @@ class TaskBuffer:
         return pa.table({"numbers": [list(t.numbers) for t in tasks], "target": [t.target for t in tasks],
                          "solve_rates": [t.solve_rates for t in tasks]}, schema=SCHEMA)
 
-    def save(self, path: str) -> None:
+    def save(self, path) -> None:
         """Write the buffer to ``path`` (an Arrow IPC stream), atomically: a reader sees the old file or the new."""
+        path = os.fspath(path)
         table, temporary = self.to_table(), f"{path}.tmp{os.getpid()}"
         with pa.OSFile(temporary, "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
             writer.write_table(table)
         os.replace(temporary, path)
 
-    def load(self, path: str) -> dict:
+    def load(self, path) -> dict:
         """Add the tasks of a file ``save`` wrote (after those held; a task held already gains the file's rates).
         Returns ``{"loaded": n, "skipped": m}``; rows that hold no task are skipped (logged with the first reason)."""
-        table = read_table(path)
+        table = read_table(os.fspath(path))
         loaded, problems = 0, []
         for numbers, target, rates in zip(*(table.column(name).to_pylist() for name in SCHEMA.names)):
             problem = task_problem(numbers, target) or _rates_problem(rates)

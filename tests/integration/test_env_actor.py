@@ -347,3 +347,30 @@ def test_the_token_budget_is_raised_to_fit_the_games_longest_move(tiny_model_dir
     requests.clear()
     run_episodes(tiny_model_dir, "[5]", episodes=2, record_requests=requests, max_new_tokens=8)
     assert requests and {r.max_tokens for r in requests} == {8}
+
+
+def test_a_role_games_task_buffer_is_kept_with_the_run_and_loaded_by_the_next_life(tmp_path):
+    """The env actor saves its game's task buffer when it stops, and a later actor loads it; its statistics
+    carry the buffer's."""
+    from actors.env import EnvActor, EnvConfig
+    from envs.task_buffer import shared_buffer
+
+    def actor(buffer_name: str) -> EnvActor:
+        return EnvActor(EnvConfig(tokenizer_path="", env_name="propose_solve", tasks_dir=str(tmp_path),
+                                  env_args={"buffer": buffer_name, "solvers": 2}), name="env-0")
+
+    first = actor("kept-1")
+    shared_buffer("kept-1", 1024).record((3, 4, 5), 17, 0.5)
+
+    async def keep_a_while(env: EnvActor) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(env._keep_tasks, tmp_path / "env-0.arrows")
+            await trio.sleep(0)
+            nursery.cancel_scope.cancel()  # the actor stops: the buffer is saved
+
+    trio.run(keep_a_while, first)
+    assert first.statistics()["task_buffer"]["size"] == 1
+    second = actor("kept-2")  # another life's buffer, empty until it loads the run's
+    assert second.statistics()["task_buffer"]["size"] == 0
+    trio.run(keep_a_while, second)
+    assert second.statistics()["task_buffer"]["size"] == 1 and shared_buffer("kept-2", 1024).get((3, 4, 5), 17)

@@ -256,3 +256,16 @@ def test_an_episode_writes_rows_with_their_roles():
     assert [r[Columns.AGENT] for r in rows] == [0, 1, 2, 3, 4]
     assert returns == [0.25, 1.0, 0.0, 1.0, 1.0] and [r[Columns.REWARD] for r in rows] == returns
     assert all(r[Columns.TERMINATED] for r in rows)
+
+
+def test_the_solvers_of_a_task_are_asked_together():
+    """Once the task is set every solver still to answer may be asked at once: none sees another's answer."""
+    from envs.registry import make
+
+    game = make("propose_solve", solvers=3, buffer=None)
+    game.reset(1)
+    assert game.simultaneous_players() == []  # the proposer first
+    game.step("[3 4 5 -> 17]")
+    assert game.simultaneous_players() == [1, 2, 3]
+    game.step("[(3 * 4) + 5]")
+    assert game.simultaneous_players() == [2, 3]
