@@ -39,6 +39,7 @@ BUILT = {
                     "resume", "data_life", "life", "seed", "budget_s", "budget_versions", "ranks"),
     ReplayConfig: ("spill_dir", "checkpoint_dir", "resume", "vocab_size"),
     LeagueConfig: ("members", "state_dir", "resume", "seed"),
+    RewardConfig: ("tokenizer_path",),
 }
 # Keys that moved: an override of the old path fails with a message naming the new one.
 MOVED = {f"{group}.args.policy_id": "run.policy_id" for group in ("env", "rollout", "learner")}
@@ -74,7 +75,7 @@ EnvArgs = args_schema(EnvConfig, "EnvArgs", BUILT[EnvConfig])
 RolloutArgs = args_schema(RolloutConfig, "RolloutArgs", BUILT[RolloutConfig])
 LearnerArgs = args_schema(LearnerConfig, "LearnerArgs", BUILT[LearnerConfig])
 ReplayArgs = args_schema(ReplayConfig, "ReplayArgs", BUILT[ReplayConfig])
-RewardArgs = args_schema(RewardConfig, "RewardArgs")
+RewardArgs = args_schema(RewardConfig, "RewardArgs", BUILT[RewardConfig])
 LeagueArgs = args_schema(LeagueConfig, "LeagueArgs", BUILT[LeagueConfig])
 # null warmup_env: the run's environment (env.args.env_name and env_args)
 TinyArgs = args_schema(TinyModelConfig, "TinyArgs", optional=("warmup_env",))
@@ -325,6 +326,7 @@ def actor_config_problems(cfg: RunConfig) -> list[str]:
                                          checkpoint_every=cfg.learner.checkpoint_every,
                                          ranks=max(cfg.learner.ranks, 1), **run_budget(cfg),
                                          **built_args(cfg.learner.args)),
+        "reward.args": lambda: RewardConfig(**built_args(cfg.reward.args)),
     }
     if cfg.league is not None:
         groups["league"] = lambda: LeagueConfig(members=[dataclasses.asdict(m) for m in cfg.league.members],

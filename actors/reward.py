@@ -2,75 +2,119 @@
 
 An episode is acknowledged to its env actor only once replay has acknowledged the scored one (the receiver's
 ``ack_when_done``, and a drain before the next): a reward actor killed at any point loses nothing; what it had
-not passed on is sent to its successor again, and replay drops a second copy.
+not passed on is sent to its successor again, and replay drops a second copy. A scorer that takes several episodes
+at once (a batching judge: ``concurrency`` > 1) weakens that by its batch: asking for the next episode acknowledges
+the one before, so a reward actor killed while it judges loses the up to ``concurrency - 1`` episodes it had taken
+and not yet passed on. With ``game_outcome`` (one at a time) nothing is lost.
 
-Game outcomes are already rewards, so the default scorer passes them through; verifiers and judges plug in
-here as scorers: functions from an episode table to an episode table with ``reward`` and
-``episode_return`` filled in.
+Game outcomes are already rewards, so the default scorer passes them through; verifiers and judges plug in here as
+scorers (`actors.scorers`: a plain function from an episode table to an episode table, or an object with an async
+``score``), named by ``reward.args.scorer`` in `SCORERS`. ``judge`` hosts a model of the actor's own
+(`actors.judges`, ``reward.args.judge``).
 
 Every episode's rows are checked before they are scored (`streams.values.check_rows`): a row with a null or
 missing id, ragged per-token lists, a negative token id or version, or a non-finite value is rejected, counted by
 reason (``rejected_rows``) and logged at a bounded rate; the episode's other rows go on, and an episode left with
-no row is not passed on at all.
+no row is not passed on at all. An episode its scorer could not score (`actors.scorers.Unscored`: a judge that
+failed, timed out or gave no readable score) is not passed on either: it is counted (``unscored``, by reason in
+``unscored_by_reason``) and logged at a bounded rate, never trained on with a reward nobody gave it.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Optional
 
 import pyarrow as pa
 import trio
 
+from actors.judges import JudgeConfig, JudgeScorer
+from actors.scorers import Unscored, as_scorer, game_outcome
 from streams.endpoints import Inbox, Outbox
 from streams.schema import Columns, decode_table, encode_table
 from streams.values import Rejections, check_rows
 from streams.wire import Kind
 
-
-def game_outcome(episode: pa.Table) -> pa.Table:
-    """Games score themselves: keep the rewards the environment gave."""
-    return episode
-
-
-SCORERS: dict[str, Callable[[pa.Table], pa.Table]] = {"game_outcome": game_outcome}
+# A scorer by name: a function of an episode, an object with an async score(), or a class made from the RewardConfig
+# (its ``from_config``).
+SCORERS: dict[str, object] = {"game_outcome": game_outcome, "judge": JudgeScorer}
 
 
 @dataclass
 class RewardConfig:
-    scorer: str = "game_outcome"
+    scorer: str = "game_outcome"  # a name in SCORERS
+    judge: JudgeConfig = field(default_factory=JudgeConfig)  # scorer=judge: the model and how it is asked
+    tokenizer_path: Optional[str] = None  # the run's tokenizer (filled in by the topology): the judge's {prompt}
+
+    def __post_init__(self):
+        if isinstance(self.judge, dict):
+            self.judge = JudgeConfig(**self.judge)
+        if self.scorer not in SCORERS:
+            raise ValueError(f"unknown scorer {self.scorer!r}; known: {', '.join(sorted(SCORERS))}")
+        if self.scorer == "judge" and not self.judge.model_path:
+            raise ValueError("scorer=judge needs judge.model_path: the judge's model directory "
+                             "(reward.args.judge.model_path=<dir>)")
+
+
+def make_scorer(cfg: RewardConfig):
+    entry = SCORERS[cfg.scorer]
+    return as_scorer(entry.from_config(cfg) if hasattr(entry, "from_config") else entry)
 
 
 class RewardActor:
-    def __init__(self, cfg: RewardConfig, name: str = "reward"):
-        if cfg.scorer not in SCORERS:
-            raise ValueError(f"unknown scorer {cfg.scorer!r}; known: {', '.join(sorted(SCORERS))}")
-        self.cfg, self.name, self.score = cfg, name, SCORERS[cfg.scorer]
-        self._stats = {"episodes": 0, "rows": 0, "rejected_episodes": 0}
+    def __init__(self, cfg: RewardConfig, name: str = "reward", scorer=None):
+        """``scorer``: one made already (tests); else the one ``cfg.scorer`` names."""
+        self.cfg, self.name = cfg, name
+        self.scorer = as_scorer(scorer) if scorer is not None else make_scorer(cfg)
+        self._stats = {"episodes": 0, "rows": 0, "rejected_episodes": 0, "unscored": 0}
         self._rejected = Rejections(f"{name}: episode rows")
+        self._unscored = Rejections(f"{name}: episodes left unscored")
         self._inbox = None
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with (
             transport.open_receiver(capacity=16, ack_when_done=True) as episodes,
             transport.open_sender(peers["replay"], capacity=16) as replay,
+            trio.open_nursery() as nursery,
         ):
             self._inbox = Inbox(episodes, Kind.EPISODES, decode_table)
             outbox = Outbox(replay, Kind.EPISODES, self.name)
+            if hasattr(self.scorer, "run"):
+                await nursery.start(self.scorer.run)
+            slots, sending = trio.Semaphore(max(1, getattr(self.scorer, "concurrency", 1))), trio.Lock()
             task_status.started({"episodes": episodes.address})
             while True:
+                await slots.acquire()  # one scorer: the next is received once the last is sent and drained
                 episode = self._checked(await self._inbox.receive())
                 if episode is None:
+                    slots.release()
                     continue  # acknowledged at the next receive: nothing of it is kept
-                episode = self.score(episode)
-                scored = episode.set_column(
-                    episode.schema.get_field_index(Columns.SCORED_AT), Columns.SCORED_AT,
-                    pa.array([time.time()] * episode.num_rows, pa.float64()))
+                nursery.start_soon(self._score_and_send, episode, outbox, replay, sending, slots)
+
+    async def _score_and_send(self, episode: pa.Table, outbox: Outbox, replay, sending: trio.Lock,
+                              slots: trio.Semaphore) -> None:
+        try:
+            try:
+                episode = await self.scorer.score(episode)
+            except Unscored as unscored:
+                self._unscored_episode(episode, unscored.reason, unscored.detail)
+                return
+            scored = episode.set_column(
+                episode.schema.get_field_index(Columns.SCORED_AT), Columns.SCORED_AT,
+                pa.array([time.time()] * episode.num_rows, pa.float64()))
+            async with sending:
                 await outbox.send(encode_table(scored))
                 await replay.drain()  # replay has it (spilled) before the env actor is told we have
-                self._stats["episodes"] += 1
-                self._stats["rows"] += scored.num_rows
+            self._stats["episodes"] += 1
+            self._stats["rows"] += scored.num_rows
+        finally:
+            slots.release()
+
+    def _unscored_episode(self, episode: pa.Table, reason: str, detail: str) -> None:
+        self._stats["unscored"] += 1
+        name = episode.column(Columns.EPISODE_ID)[0].as_py() if episode.num_rows else "?"
+        self._unscored.add({reason: 1}, f"{name}: {detail}"[:300])
 
     def _checked(self, episode: pa.Table) -> pa.Table | None:
         """The episode's usable rows (None: none is)."""
@@ -85,4 +129,5 @@ class RewardActor:
     def statistics(self) -> dict:
         inbox = self._inbox.statistics() if self._inbox else {}
         return {**self._stats, "rejected_rows": self._rejected.total(), "rejected_by_reason": dict(self._rejected.counts),
+                "unscored_by_reason": dict(self._unscored.counts), "scorer": self.scorer.statistics(),
                 "dropped_frames": inbox.get("dropped_frames", 0), "streams": {"episodes": inbox}}

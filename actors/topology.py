@@ -133,7 +133,8 @@ def build_topology(cluster, cfg: RunConfig, model_path: str | Path, run_dir: Pat
     replays = cluster.spawn_many([(g.replay, ReplayActor, replay_config(cfg, g, top.life),
                                    {"learner": [learner["batches"]], "versions": [learner["weights"]]})
                                   for g, learner in zip(groups, learners)])
-    rewards = cluster.spawn_many([(g.reward, RewardActor, RewardConfig(**built_args(cfg.reward.args)),
+    rewards = cluster.spawn_many([(g.reward, RewardActor, RewardConfig(tokenizer_path=top.tokenizer,
+                                                                          **built_args(cfg.reward.args)),
                                    {"replay": [replay["episodes"]]}) for g, replay in zip(groups, replays)])
     for group, learner, reward in zip(groups, learners, rewards):
         group.weights, group.episodes, group.start_version = learner["weights"], reward["episodes"], learner["version"]

@@ -70,3 +70,12 @@ def test_one_plan_names_a_single_run_plainly_and_a_leagues_members_apart(tmp_pat
                                                                               ("learner-x", 1, "/m")]
     assert league["x"].policy_dir == tmp_path / "members" / "x" / "policy"
     assert league["x"].rollout_name(2) == "rollout-x-2"
+
+
+def test_the_judge_group_composes_and_a_missing_model_is_named_before_any_actor_starts(tmp_path):
+    with pytest.raises(ValueError, match=r"reward.args: scorer=judge needs judge.model_path"):
+        load_config(["reward=judge"])
+    cfg = load_config(["reward=judge", f"reward.args.judge.model_path={tmp_path}", "reward.args.judge.batch_size=2"])
+    assert cfg.reward.args.scorer == "judge" and cfg.reward.args.judge.batch_size == 2
+    with pytest.raises(Exception, match="tokenizer_path"):  # the topology fills it in: the run's tokenizer
+        load_config(["reward.args.tokenizer_path=x"])
