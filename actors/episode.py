@@ -58,6 +58,7 @@ class EpisodeCounts:
     def __init__(self, num_players: int):
         self.counts = dict.fromkeys(self.NAMES, 0)
         self.return_sums = [0.0] * num_players
+        self.by_role: dict[str, list[int]] = {}  # role -> [turns, invalid moves] of the policy's seats
         self._fixed_moves = 0
 
     async def fixed_move_played(self) -> None:
@@ -73,7 +74,9 @@ class EpisodeCounts:
     def statistics(self) -> dict:
         episodes = max(self.counts["episodes"], 1)
         return {**self.counts,
-                **{f"mean_return_seat{seat}": total / episodes for seat, total in enumerate(self.return_sums)}}
+                **{f"mean_return_seat{seat}": total / episodes for seat, total in enumerate(self.return_sums)},
+                "turns_by_role": {role: counts[0] for role, counts in self.by_role.items()},
+                "invalid_by_role": {role: counts[1] for role, counts in self.by_role.items()}}
 
 
 async def play_episode(game, seats: list[str], policy: Policy, codec, settings: EpisodeSettings, *,
@@ -172,6 +175,11 @@ class _Turns:
         result = await _step(game, row[Columns.ACTION_TEXT], credit)
         row[Columns.INVALID_ACTION] = result.invalid
         self.counts.counts["invalid_actions"] += result.invalid
+        if row.get(Columns.ROLE):  # per role, where the game names them: turns and invalid moves
+            role = row[Columns.ROLE]
+            self.counts.by_role.setdefault(role, [0, 0])
+            self.counts.by_role[role][0] += 1
+            self.counts.by_role[role][1] += result.invalid
         self.counts.counts["forfeits"] += "forfeit" in result.info
         return result
 

@@ -259,6 +259,9 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     advantages, stats = advantages_of(objective, state, batch)
     seat_returns = {f"return_seat{s}": batch.returns[batch.seats == s].mean().item()
                     for s in batch.seats.unique().tolist()}
+    for role in sorted({key[2] for key in batch.role_keys if isinstance(key[2], str)}):  # a game's named roles
+        rows = torch.tensor([key[2] == role for key in batch.role_keys])
+        seat_returns[f"return_role_{role}"] = batch.returns[rows].mean().item()
     device = next(model.parameters()).device
     autocast = torch.autocast(device.type, dtype=compute_dtype,
                               enabled=compute_dtype is not None and compute_dtype != torch.float32)

@@ -177,9 +177,11 @@ def test_roles_are_written_on_rows_and_simultaneous_seats_are_asked_together():
             tokens = CharCodec().encode(text)
             return Completion(1, tokens, [-0.5] * len(tokens), [0] * len(tokens), True)
 
-    gate = Gate()
-    rows, returns = play(["main"] * 4, gate, game=Quorum())
+    gate, counts = Gate(), EpisodeCounts(4)
+    rows, returns = play(["main"] * 4, gate, game=Quorum(), counts=counts)
     assert gate.most == 3
+    stats = counts.statistics()
+    assert stats["turns_by_role"] == {"asker": 1, "guesser": 3} and stats["invalid_by_role"] == {"asker": 0, "guesser": 0}
     assert [r[Columns.ROLE] for r in rows] == ["asker", "guesser", "guesser", "guesser"]
     assert [r[Columns.AGENT] for r in rows] == [0, 1, 2, 3] and [r[Columns.ACTION_TEXT] for r in rows][:3] == \
         ["[7]", "[1]", "[7]"]

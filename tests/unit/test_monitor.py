@@ -69,3 +69,23 @@ def test_totals_go_on_across_a_restart_and_after_an_actor_leaves(tmp_path):
     log.retired("rollout-2")  # joined and left between two snapshots: counted nothing here
     row = log.snapshot({"learner": learner, "env-0": env, "rollout-0": {"tokens": 5}})
     assert row["tokens"] == 155 and row["tokens_per_s"] >= 0 and row["restarts"] == 1
+
+
+def test_a_role_games_figures_are_in_each_row_and_on_the_curve(tmp_path):
+    """Per role: the invalid-move rate over the env actors, the learner's last return, the task buffer."""
+    from actors.runs.monitor import plot_learning_curve
+
+    log = MetricsLog(tmp_path, window_s=0.0)
+    both = stats(4, 1.0)
+    both["learner"]["last"] = {"return_role_proposer": 0.25, "return_role_solver": 0.5, "return_seat0": 0.25}
+    both["env-0"].update(turns_by_role={"proposer": 4, "solver": 12}, invalid_by_role={"proposer": 1, "solver": 0},
+                         task_buffer={"size": 3, "mean_solve_rate": 0.5})
+    both["env-1"] = {**stats(2, 0.0)["env-0"], "turns_by_role": {"proposer": 4}, "invalid_by_role": {"proposer": 3},
+                     "task_buffer": {"size": 2, "mean_solve_rate": None}}
+    row = log.snapshot(both)
+    assert row["invalid_rate_role_proposer"] == 4 / 8 and row["invalid_rate_role_solver"] == 0.0
+    assert (row["return_role_proposer"], row["return_role_solver"]) == (0.25, 0.5)
+    assert (row["task_buffer_size"], row["task_solve_rate"]) == (3, 0.5)
+    evaluation = {"minute": 0.0, "nonloss": 0.5, "nonloss_by_seat": {0: 0.5}}
+    plot_learning_curve([evaluation], log.rows, tmp_path / "curve.png", "random")
+    assert (tmp_path / "curve.png").stat().st_size > 0
