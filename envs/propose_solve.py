@@ -129,11 +129,29 @@ class ProposeSolve:
                 f"when some but not all solve it." + (f"\nEarlier tasks:{earlier}" if earlier else "") + "\nTask:")
 
     def legal_actions(self) -> list[str]:
+        """A valid task for the proposer; for a solver, well-formed answers of the task's numbers (right or wrong:
+        a warm-up on them learns the form; ``expert_action`` is the right one)."""
         if self.done:
             return []
         if self.turn == 0:
             return [bracket(self._some_proposal())]
-        return [bracket(reachable(tuple(sorted(self.numbers)))[Fraction(self.target)])]
+        rng = random.Random(self._example_seed + self.turn)
+        answers = {bracket(self._some_answer(rng)) for _ in range(4)}
+        return sorted(answers)
+
+    def expert_action(self) -> str | None:
+        """A solver's right answer (found by exact search); no opinion on the proposer's move."""
+        if self.done or self.turn == 0:
+            return None
+        return bracket(reachable(tuple(sorted(self.numbers)))[Fraction(self.target)])
+
+    def _some_answer(self, rng: random.Random) -> str:
+        """A well-formed expression of some of the task's numbers, each at most once."""
+        numbers = rng.sample(self.numbers, rng.randint(min(2, len(self.numbers)), len(self.numbers)))
+        text = str(numbers[0])
+        for n in numbers[1:]:
+            text = f"({text} {rng.choice('+-*')} {n})"
+        return text[1:-1] if text.startswith("(") else text
 
     def _some_proposal(self) -> str:
         """A valid task, the same for a seed."""

@@ -155,7 +155,9 @@ class MetricsLog:
         row["train_return"] = self._train_return(now, totals)
         for role in sorted({role for s in envs for role in s.get("turns_by_role", {})}):  # a role game's roles
             turns = sum(s.get("turns_by_role", {}).get(role, 0) for s in envs)
-            row[f"invalid_rate_role_{role}"] = sum(s.get("invalid_by_role", {}).get(role, 0) for s in envs) / turns
+            invalid = sum(s.get("invalid_by_role", {}).get(role, 0) for s in envs)
+            row[f"turns_role_{role}"], row[f"invalid_role_{role}"] = turns, invalid  # so far, over the env actors
+            row[f"invalid_rate_role_{role}"] = invalid / turns
         buffers = [s["task_buffer"] for s in envs if "task_buffer" in s]
         if buffers:
             row["task_buffer_size"] = max(b["size"] for b in buffers)

@@ -160,3 +160,20 @@ def test_kuhn_bounds_quick(tmp_path):
     assert float(last[1]) <= 0.5 + 1e-9 and float(last[3]) > 0
     fixed = next(line for line in lines if line.startswith("KL-regularised fixed point, alpha=0.05"))
     assert float(re.search(r"NashConv ([\d.]+)", fixed)[1]) < 0.1
+
+
+@pytest.mark.timeout(600)
+def test_role_selfplay_quick(tmp_path):
+    """The arithmetic role recipe end to end: proposals, solver attempts with roles, the task buffer kept with
+    the run, the held-out scoring before and after."""
+    lines = run("role_selfplay.py", tmp_path)
+    last = re.fullmatch(r"solver_heldout_start=([\d.]+) solver_heldout_final=([\d.]+) solver_gain=(-?[\d.]+) "
+                        r"proposal_solve_rate_last_third=([\d.]+|nan) valid_proposals=([\d.]+|nan)", lines[-1])
+    assert last, lines[-1]
+    assert 0 <= float(last[1]) <= 1 and 0 <= float(last[2]) <= 1
+    import json
+
+    run_dir = tmp_path / "propose-solve"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("turns_role_proposer", 0) > 0 and r.get("turns_role_solver", 0) > 0 for r in rows)
+    assert list((run_dir / "tasks").glob("*.arrows"))  # the task buffer, kept with the run

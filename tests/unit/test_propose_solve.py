@@ -1,5 +1,6 @@
 """Propose and solve (envs/propose_solve.py) and its task buffer (envs/task_buffer.py)."""
 
+from collections import Counter
 import random
 from fractions import Fraction
 
@@ -8,7 +9,7 @@ import pytest
 import trio
 
 from actors.episode import EpisodeSettings, play_episode
-from envs.countdown import evaluate, parse_expression, reachable
+from envs.countdown import numbers_used, evaluate, parse_expression, reachable
 from envs.propose_solve import ProposeSolve
 from envs.registry import make
 from envs.task_buffer import SCHEMA, TaskBuffer, shared_buffer
@@ -100,14 +101,18 @@ def test_a_solver_sees_the_task_and_never_another_solvers_answer():
     assert prompts[0] == prompts[1] == prompts[2] and "Numbers: 3 4 5. Target: 17." in prompts[0]
 
 
-def test_the_legal_moves_are_a_valid_task_and_its_solution():
+def test_the_legal_moves_are_a_valid_task_and_well_formed_answers_and_the_expert_solves():
     for seed in range(20):
         g = game()
         g.reset(seed)
         proposal = g.legal_actions()[0]
         assert not g.step(proposal).invalid
-        solution = parse_expression(g.legal_actions()[0][1:-1])
+        solution = parse_expression(g.expert_action()[1:-1])
         assert evaluate(solution) == g.target
+        answers = g.legal_actions()  # well-formed answers of the task's numbers, right or wrong
+        assert answers and all(parse_expression(a[1:-1]) is not None for a in answers)
+        assert not any(numbers_used(parse_expression(a[1:-1])) - Counter(g.numbers) for a in answers)
+        assert g.expert_action() is not None and not g.step(answers[0]).invalid
 
 
 def test_reachable_is_exact_and_complete_for_two_numbers():

@@ -1,0 +1,136 @@
+"""Role self-play on the arithmetic recipe: does the solver get better at tasks it never proposed, and does the
+proposer's curriculum stay learnable?
+
+    python benchmarks/role_selfplay.py [--quick] [--minutes 12] [--heldout 200] [overrides...]
+
+One policy proposes Countdown tasks and solves them (`env=propose_solve`, `docs/roles.md`): each episode a
+proposal and k = 4 solver attempts at it, GRPO over the attempts for the solver and a running baseline for the
+proposer (`advantage=role_grpo`), Absolute Zero's learnability as the proposer's reward. The tiny base model is
+warmed up on the recipe (valid proposals, answers right and wrong). A real `tidal launch` for ``--minutes``.
+
+Before and after, the solver answers a held-out task set (made here with its own seed; a task the run proposed
+is left out) greedily, through the same prompt and checker as in the game: the solve rate of the base model
+and of the trained policy. The proposals' solve rate over the last third of the run is read from the task
+buffer kept with the run (its tasks in the order first proposed), and the share of valid proposals over the
+last third from the proposer's turns in the metrics. Last line:
+
+    solver_heldout_start=<x> solver_heldout_final=<x> solver_gain=<final - start>
+    proposal_solve_rate_last_third=<x> valid_proposals=<x>
+
+`--quick` (a few minutes): a short in-process run and 40 held-out tasks; it checks the harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+RECIPE = [  # configs/recipe/propose_solve.yaml, and a base model warmed up on the recipe without a task buffer
+    "+recipe=propose_solve", "model.tiny.warmup_env=propose_solve",
+    "++model.tiny.warmup_env_args={solvers:4,buffer:null}", "model.tiny.warmup_expert_share=0.3", "run.progress=false",
+]
+
+
+def heldout_tasks(count: int, seed: int = 20261126) -> list[tuple[tuple[int, ...], int]]:
+    """Three numbers from 1 to 10 and a whole target from 1 to 50 they reach: the benchmark's own tasks."""
+    from envs.countdown import reachable
+
+    rng, tasks = random.Random(seed), set()
+    while len(tasks) < count:
+        numbers = tuple(sorted(rng.randint(1, 10) for _ in range(3)))
+        targets = [int(v) for v in reachable(numbers) if v.denominator == 1 and 1 <= v <= 50]
+        tasks.add((numbers, rng.choice(sorted(targets))))
+    return sorted(tasks)
+
+
+def solve_rate(model_dir: Path, tasks: list) -> float:
+    """The share of ``tasks`` the model at ``model_dir`` answers right, greedily, as a solver of the game."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envs.propose_solve import ProposeSolve
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    right = 0
+    for numbers, target in tasks:
+        game = ProposeSolve(solvers=1)
+        game.reset(0)
+        game.numbers, game.target, game.turn = numbers, target, 1
+        ids = tokenizer(game.observation(1), return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        answer = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        result = game.step(answer)
+        right += bool(not result.invalid and result.info.get("correct"))
+    return right / len(tasks)
+
+
+def last_third(run_dir: Path) -> tuple[float | None, float | None]:
+    """The mean solve rate of the tasks first proposed in the last third, and the valid share of proposals then."""
+    from envs.task_buffer import TaskBuffer
+
+    rates = []
+    for path in sorted((run_dir / "tasks").glob("*.arrows")):
+        buffer = TaskBuffer(capacity=100_000)
+        buffer.load(path)
+        tasks = buffer.to_table().to_pylist()
+        for task in tasks[len(tasks) * 2 // 3:]:
+            if task["solve_rates"]:
+                rates.append(sum(task["solve_rates"]) / len(task["solve_rates"]))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    counted = [r for r in rows if "turns_role_proposer" in r]
+    valid = None
+    if counted:
+        start = next(r for r in counted if r["elapsed_s"] >= counted[-1]["elapsed_s"] * 2 / 3)
+        turns = counted[-1]["turns_role_proposer"] - start["turns_role_proposer"]
+        invalid = counted[-1]["invalid_role_proposer"] - start["invalid_role_proposer"]
+        valid = 1 - invalid / turns if turns else None
+    return (sum(rates) / len(rates) if rates else None), valid
+
+
+def main(argv: list[str]) -> int:
+    from actors.cli import launch, load_config
+    from actors.engines.base_model import ensure_base_model, tiny_model_config
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short in-process run, 40 held-out tasks")
+    parser.add_argument("--minutes", type=float, default=12.0, help="the run's training budget")
+    parser.add_argument("--heldout", type=int, default=200, help="held-out tasks")
+    parser.add_argument("--out", default="runs/bench-roles")
+    args, overrides = parser.parse_known_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    minutes, count = args.minutes, args.heldout
+    if args.quick:
+        minutes, count = 0.5, 40
+        overrides = ["run.mode=local", "replay.args.batch_episodes=8", "env.args.concurrency=16",
+                     "model.tiny.warmup_steps=30", "model.tiny.warmup_games=200", *overrides]
+    cfg = load_config([*RECIPE, f"run.minutes={minutes}", f"run.dir={args.out}", "run.name=propose-solve", *overrides])
+    base = ensure_base_model(cfg.model.cache_dir, tiny_model_config(cfg))
+    summary = launch(cfg)
+    run_dir = Path(summary["run_dir"])
+    proposed = set()
+    for path in (run_dir / "tasks").glob("*.arrows"):
+        from envs.task_buffer import TaskBuffer
+
+        buffer = TaskBuffer(capacity=100_000)
+        buffer.load(path)
+        proposed |= {(tuple(sorted(t["numbers"])), t["target"]) for t in buffer.to_table().to_pylist()}
+    tasks = [task for task in heldout_tasks(count) if task not in proposed]
+    start, final = solve_rate(base, tasks), solve_rate(run_dir / "policy", tasks)
+    rate, valid = last_third(run_dir)
+    print(f"held-out tasks {len(tasks)} (of {count}; the rest were proposed in the run); versions "
+          f"{summary['final_version']}; run {summary['minutes']:.1f} min; {run_dir}")
+    show = lambda x: "nan" if x is None else f"{x:.3f}"  # noqa: E731
+    print(f"solver_heldout_start={start:.3f} solver_heldout_final={final:.3f} solver_gain={final - start:.3f} "
+          f"proposal_solve_rate_last_third={show(rate)} valid_proposals={show(valid)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
