@@ -50,7 +50,12 @@ def test_sequence_numbers_outside_the_window_are_rejected_and_the_receiver_serve
                 while receiver.statistics()["rejected"].get("out_of_window", 0) < 4:  # `first` may connect last
                     with trio.move_on_after(0.05):
                         raise AssertionError(f"unexpected {await inbox.receive()!r}")
-                await honest.drain()  # after a receive that waited: a receiver acknowledges the rest when it waits
+                async with trio.open_nursery() as nursery:  # a receiver acknowledges the rest once it waits
+                    async def drain():
+                        await honest.drain()
+                        nursery.cancel_scope.cancel()
+                    nursery.start_soon(drain)
+                    raise AssertionError(f"unexpected {await inbox.receive()!r}")
             assert receiver.statistics()["rejected"] == {"out_of_window": 4}
             assert inbox.statistics()["rejected"]["out_of_window"] == 4
             first.close()
