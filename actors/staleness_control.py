@@ -39,10 +39,10 @@ class AutoStaleness:
     """``learner.max_staleness=auto``: where η may go, and what moves it (see the module)."""
 
     min: int = 0
-    max: int = 8
+    max: int = 4
     start: int = 2
-    ess_grow: float = 0.9
-    ess_shrink: float = 0.75
+    ess_grow: float = 0.95
+    ess_shrink: float = 0.8
     grow_after: int = 2
 
     def __post_init__(self):
