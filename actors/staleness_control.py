@@ -60,7 +60,7 @@ class Guard:
     """The collapse guard (see the module)."""
 
     enabled: bool = True
-    invalid_rise: float = 0.3
+    invalid_rise: float = 0.1
     ess_floor: float = 0.3
     patience: int = 2
     cooldown: int = 20
