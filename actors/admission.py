@@ -45,6 +45,7 @@ class Admission:
         self.slot = _checked(slot)
         self._versions = dict(versions or {own: 0})
         self._lives: dict[str, int] = {}  # member -> the newest life of its learner announced
+        self._etas: dict[str, int] = {}  # member -> the staleness bound its learner announced last
         self._started = {m: self._share(v * batch_episodes) for m, v in self._versions.items()}
         if offset is not None:
             self._started[own] = offset
@@ -63,7 +64,11 @@ class Admission:
 
     def limit(self, member: str) -> int:
         """How many training episodes of ``member`` this actor may have started: its share of the allowance."""
-        return self._share((self.max_staleness + self._versions[member] + 1) * self.batch_episodes)
+        return self._share((self.eta(member) + self._versions[member] + 1) * self.batch_episodes)
+
+    def eta(self, member: str) -> int:
+        """The staleness bound for ``member`` now: its learner's last word, else the configured one."""
+        return self._etas.get(member, self.max_staleness)
 
     def admitted(self) -> list[str]:
         """The members a training episode may start for now."""
@@ -88,14 +93,18 @@ class Admission:
         self._versions[member] = version
         self._moved()
 
-    def version_announced(self, member: str, version: int, life: int | None = None) -> None:
+    def version_announced(self, member: str, version: int, life: int | None = None, eta: int = -1) -> None:
         """``member``'s learner published ``version`` in its ``life``: a newer version of the life known widens its
         limit; a newer life's version is taken even when lower (a learner restarted from an older checkpoint: its
         predecessor's versions are nobody's any more). The first life heard of is taken as it is. A member not
-        admitted here, or an older life, changes nothing."""
+        admitted here, or an older life, changes nothing. ``eta`` (>= 0) is the bound the learner holds to now
+        (it moves by at most one a version: actors/staleness_control.py)."""
         if member not in self._versions:
             return
         known = self._lives.get(member)
+        if eta >= 0 and (life is None or known is None or life >= known) and eta != self._etas.get(member):
+            self._etas[member] = eta
+            self._moved()
         if life is not None and (known is None or life > known):
             self._lives[member] = life
             self.set_version(member, version)
@@ -106,7 +115,7 @@ class Admission:
         """Take each version announced on ``inbox`` (``VersionAnnounced``), for ever."""
         while True:
             announced = await inbox.receive()
-            self.version_announced(announced.policy_id, announced.version, announced.life)
+            self.version_announced(announced.policy_id, announced.version, announced.life, announced.eta)
 
     def rebalance(self, slot: tuple[int, int], delta: int) -> int:
         """A scale of env actors: from now on this actor is ``slot`` = (i, n) of the n sharing the allowance,
@@ -123,6 +132,7 @@ class Admission:
         return {"admission_waits": self.waits, "started": sum(self._started.values()), "admission_offset": self.offset,
                 "admission_slot": list(self.slot), "learner_version": self.version(self.own),
                 "admission_limit": sum(map(self.limit, self._started)), "versions": dict(self._versions),
+                "etas": {m: self.eta(m) for m in self._started},
                 "learner_lives": dict(self._lives)}
 
     def _share(self, allowance: int) -> int:

@@ -184,7 +184,8 @@ class ReplayGroup:
 
 @dataclass
 class LearnerGroup:
-    max_staleness: int = 2  # eta: how many versions behind the learner a token may be (admission and learner)
+    max_staleness: Any = 2  # eta: how many versions behind the learner a token may be (admission and learner); or
+    # auto: set each version from the importance weights, within learner.args.staleness (docs/staleness.md)
     checkpoint_every: int = 50  # versions between checkpoints
     ranks: int = 1  # learner processes training each policy data-parallel (FSDP2; needs run.mode=ray when > 1)
     args: LearnerArgs = field(default_factory=LearnerArgs)

@@ -50,6 +50,7 @@ from actors.checkpoints import load_trainer_state
 from actors.engines.devices import check_device, check_dtype
 from actors.engines.snapshots import snapshot_id
 from actors.microbatches import Shard
+from actors.staleness_control import AutoStaleness, Guard, StalenessControl, parse_max_staleness
 from actors.trainer import TRAINER_STATE, Trainer, join_group, open_rendezvous
 from actors.training import Objective
 from streams.endpoints import Inbox, Outbox
@@ -59,7 +60,6 @@ from streams.schema import Columns, decode_batch
 from streams.wire import Kind
 
 log = logging.getLogger(__name__)
-REJECTED_LOG_EVERY_S = 30.0  # at most one log line this often about episodes dropped as too stale
 
 
 @dataclass
@@ -72,7 +72,9 @@ class LearnerConfig:
     budget_s: float | None = None  # the run's training budget (wall clock from the first batch), for lr_decay
     budget_versions: int | None = None  # ... or in updates; with both, whichever runs out first
     objective: Objective = field(default_factory=Objective)  # loss, advantages; a dict is accepted
-    max_staleness: int = 2  # eta: the oldest token a batch may hold is this many versions behind
+    max_staleness: int | str = 2  # eta: the oldest token a batch may hold is this many versions behind, or "auto"
+    staleness: AutoStaleness = field(default_factory=AutoStaleness)  # max_staleness=auto: its limits and moves
+    guard: Guard = field(default_factory=Guard)  # the collapse guard (actors/staleness_control.py)
     temperature: float = 1.0
     threads: int = 1
     device: str = "auto"  # auto: CUDA when present, else the CPU; cpu; cuda; cuda:<i>
@@ -91,14 +93,17 @@ class LearnerConfig:
     def __post_init__(self):
         if isinstance(self.objective, dict):
             self.objective = Objective(**self.objective)
+        if isinstance(self.staleness, dict):
+            self.staleness = AutoStaleness(**self.staleness)
+        if isinstance(self.guard, dict):
+            self.guard = Guard(**self.guard)
+        parse_max_staleness(self.max_staleness)
         check_device(self.device)
         check_dtype(self.dtype)
         if self.ranks < 1:
             raise ValueError(f"ranks must be >= 1, not {self.ranks}")
         if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
             raise ValueError(f"max_tokens_per_microbatch must be >= 1 (or null), not {self.max_tokens_per_microbatch}")
-        if self.max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0, not {self.max_staleness}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, not {self.checkpoint_every}")
         if self.resume and not self.save_dir:
@@ -125,7 +130,7 @@ class LearnerActor:
         self.version = 0
         self.history: list[dict] = []  # one entry per update
         self.trainer = Trainer(cfg, Shard(0, cfg.ranks))  # rank 0's model, optimizer and objective state (the group's, with ranks > 1)
-        self._rejected_logged = (time.monotonic(), 0)  # (when, the total then): see ``_log_rejected``
+        self.control = StalenessControl(parse_max_staleness(cfg.max_staleness), cfg.staleness, cfg.guard)
         self._totals = {"batches": 0, "episodes": 0, "tokens": 0, "train_s": 0.0, "rejected_episodes": 0,
                         "rejected_turns": 0, "rejected_tokens": 0}
         self.cursor = 0  # the number of the last batch consumed (see the module's docstring)
@@ -207,11 +212,12 @@ class LearnerActor:
     async def _publish(self, versions_out: Outbox) -> None:
         """The weights of ``self.version`` to the rollout actors, and the version and life to whoever follows."""
         weights = await trio.to_thread.run_sync(lambda: weights_to_bytes(self.trainer.full_state()))
+        self.control.published(self.version)
         await versions_out.send(self._announcement())  # first: its manifest belongs to this life (LearnerFeed)
         await self._weights.publish(self.version, weights)
 
     def _announcement(self) -> bytes:
-        return VersionAnnounced(self.cfg.policy_id, self.version, self.cfg.life).to_body()
+        return VersionAnnounced(self.cfg.policy_id, self.version, self.cfg.life, self.control.eta).to_body()
 
     async def _write_snapshots(self, roots, model_lock: trio.Lock, versions_out: Outbox) -> None:
         async for root, reset in roots:
@@ -276,7 +282,7 @@ class LearnerActor:
         self.trainer.save(fresh, {
             "version": self.version, "rng": torch.get_rng_state(), "resets": self.resets, "totals": self._totals,
             "staleness": dict(self._staleness), "cursor": {"life": self.cfg.data_life, "seq": self.cursor},
-            "wall_s": self._wall_s()})
+            "wall_s": self._wall_s(), "staleness_control": self.control.state()})
         if final.exists():
             shutil.rmtree(old, ignore_errors=True)
             final.rename(old)
@@ -293,6 +299,7 @@ class LearnerActor:
         self._resumed_train_s = self._totals["train_s"]
         self._resumed_wall_s = state.get("wall_s", 0.0)
         self._staleness.update(state["staleness"])
+        self.control.restore(state.get("staleness_control"))
         cursor = state.get("cursor", {})
         self.cursor = cursor["seq"] if cursor.get("life") == self.cfg.data_life else 0  # a new life numbers anew
 
@@ -303,7 +310,7 @@ class LearnerActor:
 
     def _update(self, table) -> dict:
         started = time.perf_counter()
-        lr = self.cfg.learning_rate(self._wall_s(), self.version)
+        lr = self.cfg.learning_rate(self._wall_s(), self.version) * self.control.step_scale
         stats = self.trainer.update(table, lr, self.version)
         token_versions = torch.tensor(table.column(Columns.POLICY_VERSIONS).combine_chunks().flatten().to_numpy())
         staleness = self.version - token_versions
@@ -311,6 +318,7 @@ class LearnerActor:
         self._staleness.update(histogram)
         episodes = len(set(table.column(Columns.EPISODE_ID).to_pylist()))
         self.version += 1
+        stats.update(self._guard(table, stats))
         elapsed = time.perf_counter() - started
         self._totals["batches"] += 1
         self._totals["episodes"] += episodes
@@ -322,33 +330,22 @@ class LearnerActor:
                 "token_version_min": int(token_versions.min()), "token_version_max": int(token_versions.max()),
                 "time": time.time()}
 
+    def _guard(self, table, stats: dict) -> dict:
+        """The staleness control's move after the update that made ``self.version`` (actors/staleness_control.py):
+        the bound the version goes out with; the guard's trip, and rollback to its anchor; or a new anchor."""
+        invalid = table.column(Columns.INVALID_ACTION).to_numpy(zero_copy_only=False)
+        share, ess = (float(invalid.mean()) if len(invalid) else None), stats.get("is_ess")
+        reaction = self.control.observe(self.version, share, ess)
+        if reaction["rollback"]:
+            self.trainer.restore_anchor()
+        elif self.control.anchor_due(self.version, share, ess):
+            self.trainer.keep_anchor()
+            self.control.anchored(self.version)
+        return {**reaction, "rollback": int(reaction["rollback"]), "invalid_share": share}
+
     def _within_bound(self, table):
-        """The batch without the turns that hold a token older than the bound (None: nothing is left).
-
-        A turn is a row: the bound is on tokens, so an episode whose first turns waited too long (a slow tool,
-        a long game) keeps its later turns, sampled with newer weights; their returns-to-go do not depend on
-        the earlier turns' rows. ``rejected_episodes`` counts the episodes left with no turn at all."""
-        versions = table.column(Columns.POLICY_VERSIONS).to_pylist()
-        keep = [not v or self.version - min(v) <= self.cfg.max_staleness for v in versions]
-        if all(keep):
-            return table
-        episodes = table.column(Columns.EPISODE_ID).to_pylist()
-        kept = {e for e, k in zip(episodes, keep) if k}
-        self._totals["rejected_episodes"] += len(set(episodes) - kept)
-        self._totals["rejected_turns"] += keep.count(False)
-        self._totals["rejected_tokens"] += sum(len(v) for v, k in zip(versions, keep) if not k)
-        self._log_rejected()
-        return table.filter(keep) if any(keep) else None
-
-    def _log_rejected(self) -> None:
-        """A line about the turns dropped as too stale at most every REJECTED_LOG_EVERY_S (it happens at many
-        updates; the counts are in the statistics and the run's metrics as ``rejected_turns``)."""
-        now, (since, before) = time.monotonic(), self._rejected_logged
-        if now - since >= REJECTED_LOG_EVERY_S:
-            total = self._totals["rejected_turns"]
-            log.info("dropped %d turns older than %d versions in the last %.0f s (%d in all; learner at version %d)",
-                     total - before, self.cfg.max_staleness, now - since, total, self.version)
-            self._rejected_logged = (now, total)
+        """The batch without the turns that hold a token past its bound (None: nothing is left), counted."""
+        return self.control.drop_stale(table, self.version, self._totals)
 
     def statistics(self) -> dict:
         dropped = self._inbox.statistics()["dropped_frames"] if self._inbox else 0

@@ -28,6 +28,7 @@ from actors.learner_rank import LearnerRankActor, RankConfig
 from actors.replay import ReplayActor, ReplayConfig
 from actors.reward import RewardActor, RewardConfig
 from actors.rollout import RolloutActor, RolloutConfig
+from actors.staleness_control import parse_max_staleness
 
 MEMBER_SEED_STRIDE = 101  # member k's learner and rollout seeds start at run.seed + 101 * k
 
@@ -144,6 +145,13 @@ def build_topology(cluster, cfg: RunConfig, model_path: str | Path, run_dir: Pat
     return top
 
 
+def admission_start(cfg: RunConfig) -> int:
+    """The staleness bound env actors admit against until the learner announces one: ``learner.max_staleness``,
+    or with ``auto`` its start."""
+    eta = parse_max_staleness(cfg.learner.max_staleness)
+    return cfg.learner.args.staleness.start if eta is None else eta
+
+
 def learner_config(cfg: RunConfig, group: Group, life: str) -> LearnerConfig:
     return LearnerConfig(
         model_path=group.model_path, policy_id=group.member, temperature=cfg.sampling.temperature,
@@ -205,7 +213,7 @@ def spawn_envs(cluster, cfg: RunConfig, top: Topology, actors: list[tuple[str, i
     cluster.spawn_many([(name, EnvActor, EnvConfig(
         tokenizer_path=top.tokenizer,
         policy_id=first, temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
-        max_staleness=cfg.learner.max_staleness, batch_episodes=cfg.replay.args.batch_episodes,
+        max_staleness=admission_start(cfg), batch_episodes=cfg.replay.args.batch_episodes,
         admission_slot=slot, start_versions={g.member: g.start_version for g in groups},
         seed=cfg.run.seed * 1000 + i, ledger_dir=top.ledger, life=top.life, tasks_dir=top.tasks,
         **built_args(cfg.env.args)),

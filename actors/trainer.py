@@ -130,6 +130,7 @@ class Trainer:
         self.state = TrainerState()
         self.model = self.tokenizer = self.optimizer = self.reference = None
         self._fresh_optimizer = None  # the optimizer's state before any update: what a reset goes back to
+        self._anchors: list[dict] = []  # weights a guard's rollback goes back to (actors/staleness_control.py)
 
     @collective
     def load(self, checkpoint: Path | None) -> dict | None:
@@ -264,6 +265,20 @@ class Trainer:
         set_model_state_dict(self.model, base.state_dict(), options=StateDictOptions(full_state_dict=True))
         self.optimizer.load_state_dict(self._fresh_optimizer)
         self.state = TrainerState()
+
+    @collective
+    def keep_anchor(self) -> None:
+        """Hold the current weights (each rank its shards) as the newest anchor a guard's rollback returns to;
+        two are kept, a rollback takes the older."""
+        weights = {name: value.detach().clone() for name, value in self.model.state_dict().items()}
+        self._anchors = [*self._anchors, weights][-2:]
+
+    @collective
+    def restore_anchor(self) -> None:
+        """Back to the older anchor's weights, with a fresh optimizer (its moments belong to the collapse)."""
+        self.model.load_state_dict(self._anchors[0])
+        self.optimizer.load_state_dict(self._fresh_optimizer)
+        self._anchors = self._anchors[:1]
 
     def stop_group(self) -> None:
         """Rank 0: let the other ranks' ``serve`` return."""

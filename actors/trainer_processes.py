@@ -39,7 +39,7 @@ def memory(trainer: Trainer) -> dict:
 
 
 def _rank(rank: int, world: int, rendezvous: str | None, cfg, tables, lrs, checkpoint, save_to, out: str,
-          first: int, save_after: int) -> None:
+          first: int, save_after: int, anchor_after: int | None = None) -> None:
     trainer = Trainer(cfg, Shard(rank, world))
     if world > 1:
         join_group(trainer.shard, trainer.device, rendezvous)
@@ -52,6 +52,10 @@ def _rank(rank: int, world: int, rendezvous: str | None, cfg, tables, lrs, check
                 stats.append(trainer.update(table, lr, version))
             if save_to is not None and version + 1 == save_after:
                 trainer.save(Path(save_to), {"version": save_after})
+            if version + 1 == anchor_after:
+                trainer.keep_anchor()
+        if anchor_after is not None:  # the guard's rollback: back to the anchor's weights
+            trainer.restore_anchor()
         result["train_s"] = time.perf_counter() - started
         result["stats"] = stats
         result["weights"] = {k: v.detach().cpu().clone() for k, v in trainer.full_state().items()}
@@ -74,10 +78,12 @@ def _steps(trainer: Trainer) -> int:
 
 def train(cfg, world: int, tables: list, lrs: list[float] | None = None, checkpoint: str | Path | None = None,
           save_to: str | Path | None = None, timeout_s: float = 600.0, resume_versions: int = 0,
-          save_after: int | None = None) -> dict:
+          save_after: int | None = None, anchor_after: int | None = None) -> dict:
     """Train ``tables`` on ``world`` ranks in processes; rank 0's result and every rank's ``memory``. With a
     ``checkpoint`` made after ``resume_versions`` updates, the tables from that version on. ``save_to``: a
-    checkpoint there after ``save_after`` updates (default: all of them)."""
+    checkpoint there after ``save_after`` updates (default: all of them). ``anchor_after``: the weights after that
+    many updates are held as the guard's anchor and restored after the last (the result's weights are the
+    anchor's)."""
     cfg = dataclasses.replace(cfg, ranks=world)
     lrs = lrs or [cfg.lr] * len(tables)
     rendezvous = store = None
@@ -88,7 +94,8 @@ def train(cfg, world: int, tables: list, lrs: list[float] | None = None, checkpo
         ranks = [context.Process(target=_rank, args=(r, world, rendezvous, cfg, tables, lrs,
                                                      None if checkpoint is None else Path(checkpoint),
                                                      save_to, out, resume_versions,
-                                                     len(tables) if save_after is None else save_after))
+                                                     len(tables) if save_after is None else save_after,
+                                                     anchor_after))
                  for r in range(world)]
         for process in ranks:
             process.start()

@@ -248,7 +248,8 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     more, they are computed once, up front, for every row.
 
     ``logprob_gap`` is the mean |log pi_prox - log mu| of the action tokens: staleness and the generation
-    engine's numerics together. Given the model's ``version``, ``logprob_gap_same_version`` is the same over
+    engine's numerics together; ``is_ess`` the normalised effective sample size of w = pi_prox / mu over them,
+    (sum w)^2 / (n sum w^2), 1 when every token's behaviour policy is the proximal one. Given the model's ``version``, ``logprob_gap_same_version`` is the same over
     the tokens that version sampled: what is left is the engine's mismatch with the learner alone.
     ``compute_dtype`` (bf16 on a GPU): the forward passes run under autocast; log-probs are fp32.
 
@@ -289,7 +290,8 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
                     proximal[i, j] = action_logprobs(model, micro_batch(rows), temperature)
     model.train()
     sync = getattr(model, "set_requires_gradient_sync", None)  # a sharded model: sum gradients once a step
-    step_stats, gap_sums = [], [0.0, 0.0, 0.0, 0.0]  # gap, tokens, same-version gap, same-version tokens
+    # gap, tokens, same-version gap, same-version tokens, and the sums of w = pi_prox / mu and w^2 (is_ess)
+    step_stats, gap_sums = [], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     skipped = []  # the statistics of the minibatches that took no step
     for i, (tokens, micro) in enumerate(steps):
         optimizer.zero_grad(set_to_none=True)
@@ -315,6 +317,9 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
             gap = torch.where(mask, (prox - mb.behaviour_logprobs[:, 1:]).abs(), 0.0).detach()
             gap_sums[0] += float(gap.sum())
             gap_sums[1] += int(mask.sum())
+            w = torch.exp(torch.where(mask, (prox - mb.behaviour_logprobs[:, 1:]).clamp(max=30.0), 0.0)).detach()
+            gap_sums[4] += float(torch.where(mask, w, 0.0).sum())
+            gap_sums[5] += float(torch.where(mask, w * w, 0.0).sum())
             if version is not None:
                 same = mb.versions[:, 1:] == version
                 gap_sums[2] += float((gap * same).sum())
@@ -329,12 +334,14 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
         optimizer.step()
         step_stats.append(weighted)
     model.eval()
-    gap, tokens, same_gap, same_tokens = shard.sum(gap_sums)
+    gap, tokens, same_gap, same_tokens, w_sum, w2_sum = shard.sum(gap_sums)
     kept = step_stats or skipped
     merged = {key: sum(s[key] for s in kept) / len(kept) for key in kept[0]}
     merged["skipped_steps"] = len(skipped)
     if same_tokens:
         merged["logprob_gap_same_version"] = same_gap / same_tokens
+    if tokens and w2_sum > 0 and math.isfinite(w2_sum):
+        merged["is_ess"] = w_sum * w_sum / (tokens * w2_sum)  # (sum w)^2 / (n sum w^2): 1 on-policy
     return {**stats, **merged, **seat_returns, "logprob_gap": gap / max(tokens, 1), "tokens": int(tokens),
             "rows": int(batch.input_ids.shape[0]), "microbatches": sum(len(m) for _, m in steps)}
 

@@ -21,7 +21,8 @@ asynchronous one: the noisier synchronous mean crossed the target earlier than i
 At eta = 0 every batch waits for its slowest episode and the learner waits for every batch; at eta > 0
 the next episodes are already running while the learner trains. Prints one line per eta and ends with:
 
-    speedup=<time at eta=0 / best time at eta>0> learner_busy=<fraction at that eta> eta=<that eta>
+    speedup=<time at eta=0 / best time at a fixed eta>0> learner_busy=<fraction at that eta> eta=<that eta>
+    auto_vs_best=<time with learner.max_staleness=auto / that best time> auto_reached=<1 if auto reached the target>
 
 A run that misses the target counts with its full time, so a synchronous run that never gets there gives
 a lower bound on the speedup (said on the line above). `--quick` (about a minute): eta 0 and 2, a few
@@ -76,7 +77,8 @@ def run_one(eta: int, target: float, minutes: float, out: Path, extra: list[str]
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="eta 0 and 2, seconds each, in-process")
-    parser.add_argument("--etas", type=int, nargs="+", default=[0, 2, 4])
+    parser.add_argument("--etas", type=lambda v: v if v == "auto" else int(v), nargs="+", default=[0, 2, 4, "auto"],
+                        help="bounds to run: integers, and auto (learner.max_staleness=auto)")
     parser.add_argument("--target", type=float, default=0.4, help="mean training return to reach")
     parser.add_argument("--minutes", type=float, default=12.0, help="the most each run may train")
     parser.add_argument("--window", type=int, default=256, help="training episodes the return is the mean of")
@@ -85,11 +87,11 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     etas, minutes = args.etas, args.minutes
     if args.quick:
-        etas, minutes, args.window = [0, 2], 0.25, min(args.window, 32)
+        etas, minutes, args.window = [0, 2, "auto"], 0.25, min(args.window, 32)
         overrides = ["run.mode=local", "replay.args.batch_episodes=8", "env.args.concurrency=32",
                      "eval.endpoint_games_per_seat=4", "model.tiny.warmup_steps=30", "model.tiny.warmup_games=200",
                      *overrides]
-    if 0 not in etas or not any(eta > 0 for eta in etas):
+    if 0 not in etas or not any(eta != 0 for eta in etas):
         parser.error("--etas must include 0 and at least one eta > 0")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -105,16 +107,21 @@ def main(argv: list[str]) -> int:
               f"wall={(time.time() - started) / 60:.1f} min", flush=True)
     (out / "async_vs_sync.json").write_text(json.dumps(results, indent=2))
     sync = next(r for r in results if r["eta"] == 0)
-    best = min((r for r in results if r["eta"] > 0), key=lambda r: (not r["reached"], r["seconds"]))
+    fixed = [r for r in results if r["eta"] not in (0, "auto")]
+    best = min(fixed or [r for r in results if r["eta"] != 0], key=lambda r: (not r["reached"], r["seconds"]))
+    auto = next((r for r in results if r["eta"] == "auto"), None)
     for r in results:
-        if r["eta"] > 0:
+        if r["eta"] != 0:
             print(f"eta={r['eta']} vs 0: time {sync['seconds'] / r['seconds']:.2f}x, "
                   f"episodes/s {r['episodes_per_s'] / max(sync['episodes_per_s'], 1e-9):.2f}x")
     if not sync["reached"]:
         print(f"eta=0 missed the target in {minutes} min: the speedup below is a lower bound")
     if not best["reached"]:
         print("no eta > 0 reached the target: the speedup below compares time budgets only")
-    print(f"speedup={sync['seconds'] / best['seconds']:.2f} learner_busy={best['learner_busy']:.2f} eta={best['eta']}")
+    line = f"speedup={sync['seconds'] / best['seconds']:.2f} learner_busy={best['learner_busy']:.2f} eta={best['eta']}"
+    if auto is not None and auto is not best:  # time to the target: auto's over the best fixed eta's (<= 1.1: as fast)
+        line += f" auto_vs_best={auto['seconds'] / best['seconds']:.2f} auto_reached={int(auto['reached'])}"
+    print(line)
     return 0
 
 

@@ -219,24 +219,28 @@ class WeightsChunk:
 class VersionAnnounced:
     """The learner of ``policy_id`` is now at ``version``, in its ``life``: its starts in this life of the run,
     0 the first. A restarted learner (from an older checkpoint) announces lower versions in a higher life, and
-    its followers take them: the versions of a dead life are nobody's any more."""
+    its followers take them: the versions of a dead life are nobody's any more. ``eta``: the staleness bound
+    admission holds to from now on (actors/staleness_control.py)."""
 
     policy_id: str
     version: int
     life: int = 0
+    eta: int = -1  # the staleness bound this version goes out with (-1: not said; the configured one holds)
 
-    NAMES = ("policy", "version", "life")
+    NAMES = ("policy", "version", "life", "eta")
     SHAPE = Shape()
 
     def to_body(self) -> bytes:
-        return pack(dict(zip(self.NAMES, (self.policy_id, self.version, self.life))))
+        return pack(dict(zip(self.NAMES, (self.policy_id, self.version, self.life, self.eta))))
 
     @classmethod
     def from_body(cls, body) -> VersionAnnounced:
-        f = _fields(body, cls.NAMES, "version", (str, int, int), cls.SHAPE)
+        f = _fields(body, cls.NAMES, "version", (str, int, int, int), cls.SHAPE)
         if f["life"] < 0:
             raise FrameError(f"version message with a negative life {f['life']}")
-        return cls(f["policy"], f["version"], f["life"])
+        if not -1 <= f["eta"] <= 1_000_000:
+            raise FrameError(f"version message with a staleness bound {f['eta']} outside [-1, 1000000]")
+        return cls(f["policy"], f["version"], f["life"], f["eta"])
 
 
 @dataclass

@@ -19,6 +19,7 @@ learner's or rollout's weights: ``streams/private_files.py``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import threading
@@ -45,13 +46,33 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often an endpoint evaluation's results are looked for
 
 
+def run_directory(root: Path, name: str, resumed: bool) -> Path:
+    """The run's directory, made: ``root/name``; where another run already lives there (its ``config.json``) and
+    this is not its resume, a fresh ``root/name-2`` (-3, ...) instead, said in the log: a run never appends to
+    another's metrics."""
+    path = root / name
+    if resumed:
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    root.mkdir(parents=True, exist_ok=True)
+    for k in itertools.count(1):
+        candidate = path if k == 1 else root / f"{name}-{k}"
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            if (candidate / "config.json").exists() or (candidate / "metrics.jsonl").exists():
+                continue  # another run's: not this one's to append to
+        if k > 1:
+            log.warning("%s holds another run (resume it with resume=%s): this run goes to %s", path, path, candidate)
+        return candidate
+
+
 class Driver:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
         run = cfg.run
         default = ("league-" if cfg.league else "") + datetime.now().strftime("%Y%m%d-%H%M%S")
-        self.dir = Path(run.dir).expanduser() / (run.name or default)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = run_directory(Path(run.dir).expanduser(), run.name or default, resumed=cfg.resume is not None)
         (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
         self.metrics = MetricsLog(self.dir, window_s=run.return_window_s, window_episodes=run.return_window_episodes)
         self.resumed = cfg.resume is not None
@@ -294,6 +315,8 @@ class Driver:
             "staleness_hist": rows[-1].get("staleness_total") if rows else {},
             "rejected_episodes": rows[-1].get("rejected_episodes") if rows else 0,
             "rejected_turns": rows[-1].get("rejected_turns", 0) if rows else 0,
+            "guard_trips": next((r["guard_trips"] for r in reversed(rows) if "guard_trips" in r), 0),
+            "eta_last": next((r["eta"] for r in reversed(rows) if "eta" in r), None),
             "restarts": self.restarts,
             "scale_events": self.scaler.events,
             "life": self.top.life if self.top is not None else None,

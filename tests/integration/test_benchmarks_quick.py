@@ -22,20 +22,26 @@ def run(script: str, tmp_path, *args) -> list[str]:
 @pytest.mark.timeout(600)
 def test_staleness_quick(tmp_path):
     lines = run("staleness.py", tmp_path)
-    assert re.fullmatch(r"decoupled_eta4_vs_eta0=[\d.]+ naive_eta4_vs_eta0=[\d.]+", lines[-1]), lines[-1]
+    assert re.fullmatch(r"decoupled_eta4_vs_eta0=[\d.]+ decoupled_min_final=[\d.]+ naive_eta4_vs_eta0=[\d.]+ "
+                        r"auto_vs_eta0=[\d.]+", lines[-1]), lines[-1]
     assert (tmp_path / "staleness.png").exists()
-    # every run kept its bound: no trained token is older than eta
+    # every run kept its bound: no trained token is older than eta (auto: than its ceiling, 4 by default)
     import json
 
-    for result in json.loads((tmp_path / "staleness.json").read_text()):
-        assert max(int(k) for k in result["staleness"]) <= result["eta"]
+    results = json.loads((tmp_path / "staleness.json").read_text())
+    assert sorted((r["loss"], str(r["eta"])) for r in results) == [
+        ("decoupled", "0"), ("decoupled", "4"), ("decoupled", "auto"), ("naive", "0"), ("naive", "4")]
+    for result in results:
+        assert max(int(k) for k in result["staleness"]) <= (4 if result["eta"] == "auto" else result["eta"])
+    assert any(line.strip().startswith("decoupled eta=auto") for line in lines)  # the table's cell
 
 
 @pytest.mark.timeout(600)
 def test_async_vs_sync_quick(tmp_path):
     lines = run("async_vs_sync.py", tmp_path)
-    assert re.fullmatch(r"speedup=[\d.]+ learner_busy=[\d.]+ eta=\d+", lines[-1]), lines[-1]
-    assert any(line.startswith("eta=0:") for line in lines) and any(line.startswith("eta=2:") for line in lines)
+    assert re.fullmatch(r"speedup=[\d.]+ learner_busy=[\d.]+ eta=\d+ auto_vs_best=[\d.]+ auto_reached=[01]",
+                        lines[-1]), lines[-1]
+    assert all(any(line.startswith(f"eta={eta}:") for line in lines) for eta in (0, 2, "auto"))
 
 
 @pytest.mark.ray

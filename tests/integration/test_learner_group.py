@@ -64,3 +64,12 @@ def test_two_gloo_ranks_train_as_one_with_half_the_state_each_and_checkpoints_lo
     assert on_one["optimizer_steps"] == on_two["optimizer_steps"] == one["optimizer_steps"]
     assert largest_difference(on_one["weights"], one["weights"]) <= 1e-4
     assert largest_difference(on_two["weights"], one["weights"]) <= 1e-4
+
+
+def test_a_group_goes_back_to_its_anchor_together(group_setup):
+    """The guard's rollback in a learner group: every rank holds its shards of the anchor and restores them."""
+    cfg, (first, second) = group_setup
+    anchored = trainer_processes.train(cfg, 2, [first])
+    rolled_back = trainer_processes.train(cfg, 2, [first, second], anchor_after=1)
+    assert largest_difference(rolled_back["weights"], anchored["weights"]) <= 1e-6
+    assert rolled_back["optimizer_steps"] == 0  # a fresh optimizer: the moments belonged to what was undone

@@ -282,19 +282,23 @@ def test_the_proximal_log_probs_of_every_minibatch_are_the_models_before_the_fir
 def test_turns_dropped_as_stale_are_logged_at_most_every_30_s(caplog, monkeypatch):
     """Stale turns are dropped at many updates: one log line at most every 30 s, with the count since the last
     (the total is in the statistics)."""
-    import actors.learner as learner_module
+    import actors.staleness_control as control_module
 
     clock = [1000.0]
-    monkeypatch.setattr(learner_module.time, "monotonic", lambda: clock[0])
-    learner = SimpleNamespace(_rejected_logged=(1000.0, 0), _totals={"rejected_turns": 0},
-                              cfg=SimpleNamespace(max_staleness=2), version=7)
-    caplog.set_level(logging.INFO, logger="actors.learner")
-    for now, total in [(1010.0, 3), (1031.0, 5), (1040.0, 9), (1060.0, 12), (1062.0, 13)]:
-        clock[0], learner._totals["rejected_turns"] = now, total
-        learner_module.LearnerActor._log_rejected(learner)
+    monkeypatch.setattr(control_module.time, "monotonic", lambda: clock[0])
+    control = control_module.StalenessControl(2)
+    control._rejected_logged = (1000.0, 0)
+    totals = {"rejected_turns": 0, "rejected_episodes": 0, "rejected_tokens": 0}
+    tokens = SimpleNamespace(tokens=[4], logprobs=[-0.1])
+    stale = trajectory_table([row([1, 2], tokens, version=0)])
+    caplog.set_level(logging.INFO, logger="actors.staleness_control")
+    for now in [1010.0, 1031.0, 1040.0, 1060.0, 1062.0]:
+        clock[0] = now
+        assert control.drop_stale(stale, 7, totals) is None
+    assert totals["rejected_turns"] == 5
     assert [r.getMessage() for r in caplog.records] == [
-        "dropped 5 turns older than 2 versions in the last 31 s (5 in all; learner at version 7)",
-        "dropped 8 turns older than 2 versions in the last 31 s (13 in all; learner at version 7)"]
+        "dropped 2 turns past the staleness bound (now 2) in the last 31 s (2 in all; learner at version 7)",
+        "dropped 3 turns past the staleness bound (now 2) in the last 31 s (5 in all; learner at version 7)"]
 
 
 def test_the_bound_drops_stale_turns_and_keeps_an_episodes_fresh_ones():
