@@ -1,11 +1,17 @@
 """RewardActor: scores finished episodes, then hands them to replay.
 
-An episode is acknowledged to its env actor only once replay has acknowledged the scored one (the receiver's
-``ack_when_done``, and a drain before the next): a reward actor killed at any point loses nothing; what it had
-not passed on is sent to its successor again, and replay drops a second copy. A scorer that takes several episodes
-at once (a batching judge: ``concurrency`` > 1) weakens that by its batch: asking for the next episode acknowledges
-the one before, so a reward actor killed while it judges loses the up to ``concurrency - 1`` episodes it had taken
-and not yet passed on. With ``game_outcome`` (one at a time) nothing is lost.
+An episode is acknowledged to its env actor only once replay has acknowledged the scored one, or once it was
+dropped (rejected or unscored, and counted): the receiver's ``ack_when_done="explicit"`` (`streams.zmq_receiver`),
+each episode done by its token after the drain that follows its send. A reward actor killed at any point loses
+nothing: what it had not passed on is sent to its successor again, and replay drops a second copy. That holds with
+a batching scorer too (a judge, ``concurrency`` > 1), which takes several episodes at once and finishes them in any
+order: each env actor's episodes are acknowledged up to the oldest one still being scored.
+
+The actor holds at most ``concurrency`` episodes; an env actor has at most its window unacknowledged (the smaller
+of its sender's capacity and the receiver's, `receiver_capacity`: kept above ``concurrency``), and an episode held
+holds the window for every later one of its env actor. So a scorer must finish what it holds without waiting for
+more (the judge waits at most ``max_wait_s`` for a fuller batch): one that waited for more than a window would
+wait forever.
 
 Game outcomes are already rewards, so the default scorer passes them through; verifiers and judges plug in here as
 scorers (`actors.scorers`: a plain function from an episode table to an episode table, or an object with an async
@@ -57,6 +63,12 @@ class RewardConfig:
                              "(reward.args.judge.model_path=<dir>)")
 
 
+def receiver_capacity(concurrency: int) -> int:
+    """The episodes' receiver's window per env actor: above the episodes the actor holds at once, with room for as
+    many again done after the oldest held (a window every held episode fits in, so the actor's own limit binds)."""
+    return max(16, 2 * concurrency)
+
+
 def make_scorer(cfg: RewardConfig):
     entry = SCORERS[cfg.scorer]
     return as_scorer(entry.from_config(cfg) if hasattr(entry, "from_config") else entry)
@@ -73,8 +85,9 @@ class RewardActor:
         self._inbox = None
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        concurrency = max(1, getattr(self.scorer, "concurrency", 1))
         async with (
-            transport.open_receiver(capacity=16, ack_when_done=True) as episodes,
+            transport.open_receiver(capacity=receiver_capacity(concurrency), ack_when_done="explicit") as episodes,
             transport.open_sender(peers["replay"], capacity=16) as replay,
             trio.open_nursery() as nursery,
         ):
@@ -82,23 +95,28 @@ class RewardActor:
             outbox = Outbox(replay, Kind.EPISODES, self.name)
             if hasattr(self.scorer, "run"):
                 await nursery.start(self.scorer.run)
-            slots, sending = trio.Semaphore(max(1, getattr(self.scorer, "concurrency", 1))), trio.Lock()
+            slots, sending = trio.Semaphore(concurrency), trio.Lock()
             task_status.started({"episodes": episodes.address})
             while True:
-                await slots.acquire()  # one scorer: the next is received once the last is sent and drained
-                episode = self._checked(await self._inbox.receive())
+                await slots.acquire()  # at most `concurrency` episodes held: each done once passed on or dropped
+                received, token = await self._inbox.receive()
+                episode = self._checked(received)
                 if episode is None:
+                    self._inbox.done(token)  # nothing of it is kept
                     slots.release()
-                    continue  # acknowledged at the next receive: nothing of it is kept
-                nursery.start_soon(self._score_and_send, episode, outbox, replay, sending, slots)
+                    continue
+                nursery.start_soon(self._score_and_send, episode, token, outbox, replay, sending, slots)
 
-    async def _score_and_send(self, episode: pa.Table, outbox: Outbox, replay, sending: trio.Lock,
+    async def _score_and_send(self, episode: pa.Table, token, outbox: Outbox, replay, sending: trio.Lock,
                               slots: trio.Semaphore) -> None:
+        """Done (acknowledged to its env actor) only once passed on and acknowledged, or dropped: never when
+        cancelled or failed, so that a successor gets it again."""
         try:
             try:
                 episode = await self.scorer.score(episode)
             except Unscored as unscored:
                 self._unscored_episode(episode, unscored.reason, unscored.detail)
+                self._inbox.done(token)
                 return
             scored = episode.set_column(
                 episode.schema.get_field_index(Columns.SCORED_AT), Columns.SCORED_AT,
@@ -106,6 +124,7 @@ class RewardActor:
             async with sending:
                 await outbox.send(encode_table(scored))
                 await replay.drain()  # replay has it (spilled) before the env actor is told we have
+            self._inbox.done(token)
             self._stats["episodes"] += 1
             self._stats["rows"] += scored.num_rows
         finally:

@@ -46,13 +46,21 @@ class Sender(Protocol):
 
 
 class Receiver(Protocol):
-    """PULL-like: bound at `address`, fair-queued from all senders. Opened with ``ack_when_done``, a message is
-    acknowledged only once the actor asks for the next (ZeroMQ; in memory nothing is acknowledged late)."""
+    """PULL-like: bound at `address`, fair-queued from all senders. Opened with ``ack_when_done=True``, a message is
+    acknowledged only once the actor asks for the next; with ``ack_when_done="explicit"``, `receive` gives
+    ``(parts, token)`` and a message is acknowledged only once the actor calls ``done(token)``, in any order, each
+    sender's up to its oldest not done (ZeroMQ, `zmq_receiver`; in memory nothing is acknowledged late, and
+    ``done`` does nothing)."""
 
     address: str
+    explicit: bool  # opened with ack_when_done="explicit"
 
     async def receive(self) -> list[bytes]:
-        """The parts of the next message; waits for one. Never raises on what a peer sent (ZeroMQ: it is rejected)."""
+        """The parts of the next message; waits for one. Never raises on what a peer sent (ZeroMQ: it is rejected).
+        ``(parts, token)`` where ``explicit``."""
+
+    def done(self, token) -> None:
+        """``explicit``: the actor is through with the message ``token`` came with (kept it or passed it on)."""
 
     def statistics(self) -> dict:
         """Every key of `stats.STREAM_KEYS`: received, bytes_received, dropped, duplicates, gaps, in_flight...;

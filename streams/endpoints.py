@@ -16,6 +16,7 @@ from typing import AsyncIterator, Callable, TypeVar
 from streams.wire import FRAME_LIMITS, DropLog, FrameCounter, FrameError, Kind, decode_frame
 
 T = TypeVar("T")
+_DROPPED = object()  # what `Inbox._decoded` gives for a frame it dropped
 
 
 class Outbox:
@@ -50,6 +51,10 @@ class Inbox:
 
     On a subscription (``topic=True``, a stream that may drop) it also counts the frames it missed, from
     each sender's sequence numbers: a lossless stream counts its gaps in the transport instead.
+
+    On a receiver opened with ``ack_when_done="explicit"`` it gives what its channel gives, ``(value, token)``, and
+    the actor calls `done` with the token once it is through with the value (`zmq_receiver`); a frame it drops is
+    done at once.
     """
 
     def __init__(self, channel, kind: Kind, decode: Callable[[object], T], topic: bool = False):
@@ -57,34 +62,51 @@ class Inbox:
         self.drops = DropLog(f"{kind.value} inbox")
         self._last_seq: dict[str, int] = {}  # subscriptions: the last sequence number from each sender
         self._missed = 0
+        self.explicit = getattr(channel, "explicit", False)
 
-    async def receive(self) -> T:
+    async def receive(self) -> T | tuple[T, object]:
+        """The next value; ``(value, token)`` on an explicit-done receiver."""
         while True:
-            parts = await self.channel.receive()
-            try:
-                if self.topic:
-                    parts = parts[1:]
-                size = sum(len(part) for part in parts)
-                if size > FRAME_LIMITS[self.kind]:  # every part counts, however many there are
-                    raise FrameError(f"message of {len(parts)} parts and {size} bytes exceeds the {self.kind.value} "
-                                     f"limit of {FRAME_LIMITS[self.kind]}", "oversized")
-                header, body = decode_frame(parts)
-                if header.kind != self.kind:
-                    raise FrameError(f"frame of kind {header.kind.value!r}, expected {self.kind.value!r}", "wrong_kind")
-            except FrameError as error:
-                self.drops.drop(error.reason, error)
-                continue
-            except Exception as error:  # however a frame fails its checks, it is the frame's rejection
-                self.drops.drop("malformed", f"{type(error).__name__}: {error}")
-                continue
-            try:
-                message = self.decode(body)
-            except Exception as error:  # a body that does not decode, however it fails: never the actor's problem
-                self.drops.drop("bad_body", error)
-                continue
+            if self.explicit:
+                parts, token = await self.channel.receive()
+            else:
+                parts, token = await self.channel.receive(), None
+            message = self._decoded(parts)
+            if message is not _DROPPED:
+                return (message, token) if self.explicit else message
+            if self.explicit:
+                self.channel.done(token)
+
+    def done(self, token) -> None:
+        """The actor is through with the value ``token`` came with (an explicit-done receiver's `done`)."""
+        self.channel.done(token)
+
+    def _decoded(self, parts: list) -> T | object:
+        """The message's value, or _DROPPED (counted by reason)."""
+        try:
             if self.topic:
-                self._count_missed(header.sender, header.seq)
-            return message
+                parts = parts[1:]
+            size = sum(len(part) for part in parts)
+            if size > FRAME_LIMITS[self.kind]:  # every part counts, however many there are
+                raise FrameError(f"message of {len(parts)} parts and {size} bytes exceeds the {self.kind.value} "
+                                 f"limit of {FRAME_LIMITS[self.kind]}", "oversized")
+            header, body = decode_frame(parts)
+            if header.kind != self.kind:
+                raise FrameError(f"frame of kind {header.kind.value!r}, expected {self.kind.value!r}", "wrong_kind")
+        except FrameError as error:
+            self.drops.drop(error.reason, error)
+            return _DROPPED
+        except Exception as error:  # however a frame fails its checks, it is the frame's rejection
+            self.drops.drop("malformed", f"{type(error).__name__}: {error}")
+            return _DROPPED
+        try:
+            message = self.decode(body)
+        except Exception as error:  # a body that does not decode, however it fails: never the actor's problem
+            self.drops.drop("bad_body", error)
+            return _DROPPED
+        if self.topic:
+            self._count_missed(header.sender, header.seq)
+        return message
 
     def _count_missed(self, sender: str, seq: int) -> None:
         last = self._last_seq.get(sender)

@@ -97,15 +97,20 @@ class MemorySender:
 
 
 class MemoryReceiver:
-    def __init__(self, mailbox: _Mailbox, address: str):
+    def __init__(self, mailbox: _Mailbox, address: str, explicit: bool = False):
         self._mailbox = mailbox
         self.address = address
+        self.explicit = explicit  # receive gives (parts, token), as a ZeroMQ receiver's ack_when_done="explicit"
+        self._tokens = itertools.count()
         self._stats = new_stats()
 
-    async def receive(self) -> list[bytes]:
+    async def receive(self) -> list[bytes] | tuple[list[bytes], int]:
         parts = await self._mailbox.get()
         count_received(self._stats, parts)
-        return list(parts)
+        return (list(parts), next(self._tokens)) if self.explicit else list(parts)
+
+    def done(self, token: int) -> None:
+        """Nothing to acknowledge in memory (see `MemoryTransport.open_receiver`)."""
 
     def statistics(self) -> dict:
         return dict(self._stats)
@@ -176,10 +181,13 @@ class MemoryTransport:
             raise ValueError(f"{address[:100]!r} is not an in-memory address (mem://...)")
 
     @contextlib.asynccontextmanager
-    async def open_receiver(self, capacity: int = 64, address: str | None = None, ack_when_done: bool = False,
+    async def open_receiver(self, capacity: int = 64, address: str | None = None, ack_when_done: bool | str = False,
                             max_message_bytes: int | None = None):
-        # ack_when_done: in one process an actor cannot die alone, so there is nothing to acknowledge late;
-        # max_message_bytes: nothing in memory comes from a peer that could break its frames' limits
+        # ack_when_done: in one process an actor cannot die alone, so there is nothing to acknowledge late; "explicit"
+        # gives tokens as ZeroMQ's does, and done() is a no-op. max_message_bytes: nothing in memory comes from a peer
+        # that could break its frames' limits
+        if ack_when_done not in (False, True, "explicit"):
+            raise ValueError(f"ack_when_done is False, True or 'explicit', not {ack_when_done!r}")
         address = address or f"mem://receiver-{next(self._ids)}"
         if address in self._bound:
             raise ValueError(f"address {address} is already bound")
@@ -187,7 +195,7 @@ class MemoryTransport:
         mailbox.capacity = capacity
         self._bound.add(address)
         try:
-            yield MemoryReceiver(mailbox, address)
+            yield MemoryReceiver(mailbox, address, explicit=ack_when_done == "explicit")
         finally:
             self._bound.discard(address)
 

@@ -9,6 +9,9 @@ unacknowledged and counts it done only when its actor asks for the next one: an 
 (replay spills it to disk) or passes it on (reward, once the next actor has acknowledged it) loses nothing
 acknowledged when it is killed, and its successor is sent again what it had not finished (and, if the connection
 dropped while the last acknowledgement was on its way, the message before it: such consumers drop copies by id).
+One opened with ``ack_when_done="explicit"`` hands each message with a token, and counts it done when its actor
+calls ``done(token)``, in any order: an actor that holds several at once (a batching reward actor) acknowledges each
+sender's up to the oldest it still holds (`zmq_receiver`).
 Nothing is dropped at a high-water mark: the credits bound every queue, and every socket's high-water marks sit
 just above its window, so a peer that ignores the credits is held back by TCP, not buffered. When a link's
 connection drops (the receiver restarted, or the network failed), the sender opens a fresh socket and sends again
@@ -244,9 +247,10 @@ class ZmqTransport:
             raise ValueError(f"{address[:100]!r} is not where this run's streams are ({self.host})")
 
     @contextlib.asynccontextmanager
-    async def open_receiver(self, capacity: int = 64, address: str | None = None, ack_when_done: bool = False,
+    async def open_receiver(self, capacity: int = 64, address: str | None = None, ack_when_done: bool | str = False,
                             max_message_bytes: int = MAX_FRAME_BYTES):
-        """``max_message_bytes``: a message's parts together (ZeroMQ cuts off a peer that sends one larger part)."""
+        """``ack_when_done``: False, True or "explicit" (`zmq_receiver`); ``max_message_bytes``: a message's parts
+        together (ZeroMQ cuts off a peer that sends one larger part)."""
         options = {zmq.RCVHWM: capacity + HWM_SLACK, zmq.SNDHWM: capacity + HWM_SLACK, zmq.ROUTER_HANDOVER: 1,
                    zmq.MAXMSGSIZE: max_message_bytes + LINK_BYTES}
         async with self._open(zmq.ROUTER, options, RECEIVER_LINGER_MS, server=True) as sock:

@@ -191,3 +191,36 @@ def test_large_parts_arrive_as_read_only_views(run):
         assert isinstance(large, memoryview) and large.readonly and large == b"L" * PAYLOAD
 
     run(test)
+
+
+def test_an_explicit_done_receiver_hands_tokens_and_its_inbox_drops_bad_frames_as_done(run):
+    from streams.endpoints import Inbox
+    from streams.wire import FrameCounter, Kind
+
+    async def test(transport):
+        with pytest.raises(ValueError, match="explicit"):
+            async with transport.open_receiver(ack_when_done="later"):
+                pass
+        async with (
+            transport.open_receiver(ack_when_done="explicit") as receiver,
+            transport.open_sender([receiver.address]) as sender,
+        ):
+            assert receiver.explicit
+            frames = FrameCounter("env")
+            await sender.send([b"not a frame"])
+            for body in (b"one", b"two"):
+                await sender.send(frames.frame(Kind.EPISODES, body))
+            inbox = Inbox(receiver, Kind.EPISODES, bytes)
+            with trio.fail_after(10):
+                (first, one), (second, two) = await inbox.receive(), await inbox.receive()
+            assert (first, second) == (b"one", b"two") and one != two
+            assert inbox.statistics()["dropped_frames"] == 1
+            inbox.done(two)  # in any order
+            inbox.done(one)
+            if transport.__class__ is ZmqTransport:  # the dropped frame was done by the inbox: nothing is held
+                assert receiver.statistics()["held"] == 0
+                with trio.fail_after(10):
+                    await sender.drain()
+                assert sender.statistics()["in_flight"] == 0
+
+    run(test)

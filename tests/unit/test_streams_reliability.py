@@ -225,3 +225,110 @@ def test_a_receiver_acknowledging_when_done_lets_a_successor_have_what_it_was_wo
                 await assert_quiet(second)
 
     trio.run(test)
+
+
+async def receive_held(receiver, count: int) -> list[tuple[int, object]]:
+    """``count`` messages from an explicit-done receiver: (number, token)."""
+    held = []
+    for _ in range(count):
+        parts, token = await receiver.receive()
+        held.append((int(bytes(parts[1])), token))
+    return held
+
+
+async def wait_in_flight(sender, unchanged: int) -> int:
+    """The sender's unacknowledged count once it is no longer ``unchanged``."""
+    with trio.fail_after(10):
+        while sender.statistics()["in_flight"] == unchanged:
+            await trio.sleep(0.01)
+    return sender.statistics()["in_flight"]
+
+
+def test_messages_done_out_of_order_are_acknowledged_up_to_the_oldest_not_done():
+    async def test():
+        transport = ZmqTransport()
+        async with (
+            transport.open_receiver(capacity=8, ack_when_done="explicit") as receiver,
+            transport.open_sender([receiver.address], capacity=8) as sender,
+        ):
+            for i in range(6):
+                await sender.send(numbered(i))
+            with trio.fail_after(10):
+                tokens = dict(await receive_held(receiver, 6))
+            assert list(tokens) == list(range(6))
+            for i in (2, 4, 1):  # done, but 0 is not: nothing can be acknowledged
+                receiver.done(tokens[i])
+            receiver.flush_acks()  # as before a wait: still nothing to acknowledge
+            assert receiver.statistics()["in_flight"] == 6 and receiver.statistics()["held"] == 3
+            assert sender.statistics()["in_flight"] == 6
+            with pytest.raises(ValueError, match="not held"):
+                receiver.done(tokens[2])  # done twice
+            receiver.done(tokens[0])  # 0, 1 and 2 are done; 3 is not: acknowledged up to 3
+            assert await wait_in_flight(sender, 6) == 3
+            receiver.done(tokens[5])  # 3 still held: 4 and 5 wait with it
+            receiver.flush_acks()
+            assert receiver.statistics()["in_flight"] == 3
+            receiver.done(tokens[3])
+            assert await wait_in_flight(sender, 3) == 0
+            assert receiver.statistics()["in_flight"] == receiver.statistics()["held"] == 0
+
+    trio.run(test)
+
+
+def test_acknowledgements_name_the_oldest_message_not_done():
+    async def test():
+        transport = ZmqTransport()
+        async with transport.open_receiver(capacity=8, ack_when_done="explicit") as receiver:
+            peer = zmq.Context.instance().socket(zmq.DEALER)  # a raw sender, to read every acknowledgement
+            peer.setsockopt(zmq.LINGER, 0)
+            peer.connect(receiver.address)
+            try:
+                for seq in range(4):
+                    peer.send_multipart([encode_link(LinkType.DATA, seq), b"m", str(seq).encode()])
+                with trio.fail_after(10):
+                    tokens = dict(await receive_held(receiver, 4))
+                receiver.done(tokens[1])
+                receiver.done(tokens[3])
+                receiver.flush_acks()
+                receiver.done(tokens[0])  # the first acknowledgement sent: up to 2, the oldest held
+                receiver.done(tokens[2])  # then every one
+                acks = [peer.recv_multipart() for _ in range(2) if peer.poll(10_000)]  # both were sent already
+                assert acks == [[encode_link(LinkType.ACK, 2, 8)], [encode_link(LinkType.ACK, 4, 8)]]
+                assert peer.poll(int(QUIET_S * 1000)) == 0  # and nothing more
+            finally:
+                peer.close()
+
+    trio.run(test)
+
+
+def test_a_receiver_closed_holding_messages_leaves_them_for_its_successor():
+    async def test():
+        transport = ZmqTransport()
+        async with transport.open_sender(capacity=8) as sender:
+            async with transport.open_receiver(capacity=8, ack_when_done="explicit") as first:
+                address = first.address
+                sender.connect(address)
+                for i in range(5):
+                    await sender.send(numbered(i))
+                with trio.fail_after(10):
+                    tokens = dict(await receive_held(first, 5))
+                for i in (0, 2, 3):
+                    first.done(tokens[i])  # 1 and 4 are held when it is closed (its actor killed)
+                assert first.statistics()["held"] == 2
+            # acknowledged up to 1 only: its successor gets 1 again and everything after it (2 and 3, done after
+            # the oldest held, come again: consumers drop copies by id); 0 too, if the connection dropped before
+            # the last acknowledgement reached the sender
+            async with transport.open_receiver(capacity=8, address=address, ack_when_done="explicit") as second:
+                with trio.fail_after(10):
+                    got = await receive_held(second, 4)
+                    if got[0][0] == 0:
+                        got = got[1:] + await receive_held(second, 1)
+                assert [number for number, _ in got] == [1, 2, 3, 4]
+                await assert_quiet(second)
+                for _, token in got:
+                    second.done(token)
+                with trio.fail_after(10):
+                    await sender.drain()
+        assert sender.statistics()["in_flight"] == 0
+
+    trio.run(test)
