@@ -10,7 +10,9 @@ prompt shows the task and nothing of the other solvers' answers; an answer is a 
 
 Rewards, all at the end: a solver 1 if its expression equals the target, else 0; the proposer the task's
 learnability, 1 - r when 0 < r < 1, else 0, where r is the share of solvers that solved it. A task all solve,
-or none, teaches nothing.
+or none, teaches nothing. A task the buffer holds already earns ``repeat_reward`` (default 0) times its
+learnability: without it the proposer settled on about 180 tasks, which the solvers learned by heart while
+their solve rate on tasks they had never seen fell (benchmarks/RESULTS.md, "Role self-play").
 
 Invalid moves follow ``envs.invalid``: a proposal that cannot be read, is out of range or claims an
 unreachable target is invalid, and so is a solver's answer that cannot be read. With no retries left the
@@ -62,19 +64,22 @@ class ProposeSolve:
 
     def __init__(self, solvers: int = 4, max_number: int = 10, max_target: int = 50,
                  buffer: TaskBuffer | None = None, buffer_share: float = 0.25, references: int = 2,
-                 max_new_tokens: int | None = None):
+                 max_new_tokens: int | None = None, repeat_reward: float = 0.0):
         if not 1 <= solvers <= MAX_SOLVERS:
             raise ValueError(f"solvers must be 1 to {MAX_SOLVERS}, not {solvers}")
         if not 1 <= max_number <= 1000 or not 1 <= max_target <= 10**6:
             raise ValueError(f"max_number must be 1 to 1000 and max_target 1 to 10**6, not {max_number}, {max_target}")
         if not 0.0 <= buffer_share <= 1.0:
             raise ValueError(f"buffer_share must lie in [0, 1], not {buffer_share}")
+        if not 0.0 <= repeat_reward <= 1.0:
+            raise ValueError(f"repeat_reward must lie in [0, 1], not {repeat_reward}")
         if references < 0:
             raise ValueError(f"references must be >= 0, not {references}")
         if buffer is not None and not isinstance(buffer, TaskBuffer):
             raise ValueError(f"buffer must be a TaskBuffer or None, not {type(buffer).__name__}")
         self.solvers, self.max_number, self.max_target = solvers, max_number, max_target
         self.buffer, self.buffer_share, self.references = buffer, buffer_share, references
+        self.repeat_reward = repeat_reward
         self.num_players = solvers + 1
         self.roles = ["proposer"] + ["solver"] * solvers
         self.max_tokens = max_new_tokens  # each turn's generation budget (None: the env actor's)
@@ -86,6 +91,7 @@ class ProposeSolve:
         self.target: int | None = None
         self.solved: list[bool] = []
         self.done = False
+        self.novel = True  # the proposal is not in the buffer yet
         self._example_seed = rng.randrange(2**31)  # the legal proposal's, drawn only when asked for
         self.replayed = bool(self.buffer) and rng.random() < self.buffer_share
         shown = self.buffer.sample(self.references, rng) if self.buffer and self.references else []
@@ -181,6 +187,7 @@ class ProposeSolve:
         if Fraction(target) not in reachable(tuple(sorted(numbers))):
             return self._invalid(f"{target} cannot be reached from {' '.join(map(str, numbers))}")
         self.numbers, self.target, self.turn = numbers, target, 1
+        self.novel = self.buffer is None or self.buffer.get(numbers, target) is None
         return StepResult([0.0] * self.num_players, terminated=False, info={"task": self.task_text()})
 
     def _solve(self, action_text: str) -> StepResult:
@@ -204,10 +211,11 @@ class ProposeSolve:
         rate = sum(self.solved) / self.solvers
         if self.buffer is not None:
             self.buffer.record(self.numbers, self.target, rate)
-        proposer = 0.0 if self.replayed else learnability(rate)
+        proposer = 0.0 if self.replayed else learnability(rate) * (1.0 if self.novel else self.repeat_reward)
         return StepResult([proposer, *(float(s) for s in self.solved)], terminated=True,
                           info={"correct": correct, "task": self.task_text(), "solve_rate": rate,
-                                "solved": list(self.solved), "replayed": self.replayed})
+                                "solved": list(self.solved), "replayed": self.replayed,
+                                "novel": self.novel})
 
 
 def build(buffer: str | TaskBuffer | None = "propose_solve", buffer_capacity: int = 1024, **kwargs) -> ProposeSolve:

@@ -274,3 +274,19 @@ def test_the_solvers_of_a_task_are_asked_together():
     assert game.simultaneous_players() == [1, 2, 3]
     game.step("[(3 * 4) + 5]")
     assert game.simultaneous_players() == [2, 3]
+
+
+def test_a_task_the_buffer_holds_earns_the_proposer_only_repeat_reward():
+    """Learnability pays for new tasks: proposing one the buffer already holds earns repeat_reward times it."""
+    buffer = TaskBuffer(capacity=16)
+    for repeat_reward, expected in [(0.0, [0.5, 0.0]), (0.5, [0.5, 0.25])]:
+        buffer = TaskBuffer(capacity=16)
+        rewards = []
+        for _ in range(2):
+            g = ProposeSolve(solvers=2, buffer=buffer, buffer_share=0.0, repeat_reward=repeat_reward)
+            g.reset(0)
+            g.step("[3 4 5 -> 17]")
+            g.step("[(3 * 4) + 5]")
+            result = g.step("[3 + 4]")
+            rewards.append(result.rewards[0])
+        assert rewards == expected and result.info["novel"] is False
