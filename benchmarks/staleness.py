@@ -113,6 +113,7 @@ def main(argv: list[str]) -> int:
                         help="which losses to run (the last line gives the ratios of those run)")
     parser.add_argument("--seeds", type=int, default=1, help="runs per (loss, eta), seeds 0..: a cell's mean, minimum "
                         "and 95%% interval; one run's final varies by about 0.1 here")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed.. (more seeds for a table)")
     parser.add_argument("--out", default="runs/bench-staleness")
     args, overrides = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -128,7 +129,7 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cells = [(loss, eta) for loss in args.losses for eta in etas if eta != "auto" or loss == "decoupled"]
     results = []
-    for seed in range(args.seeds):  # seeds outermost: a cut-short benchmark still has every cell once
+    for seed in range(args.first_seed, args.first_seed + args.seeds):  # seeds outermost: a cut-short benchmark still has every cell once
         for loss, eta in cells:
             results.append(run_one(loss, eta, versions, out, overrides, seed))
             r = results[-1]
