@@ -335,10 +335,10 @@ class LearnerActor:
         the bound the version goes out with; the guard's trip, and rollback to its anchor; or a new anchor."""
         invalid = table.column(Columns.INVALID_ACTION).to_numpy(zero_copy_only=False)
         share, ess = (float(invalid.mean()) if len(invalid) else None), stats.get("is_ess")
-        reaction = self.control.observe(self.version, share, ess)
+        reaction = self.control.observe(self.version, share, ess, len(invalid))
         if reaction["rollback"]:
             self.trainer.restore_anchor()
-        elif self.control.anchor_due(self.version, share, ess):
+        elif self.control.anchor_due(self.version, share, ess, len(invalid)):
             self.trainer.keep_anchor()
             self.control.anchored(self.version)
         return {**reaction, "rollback": int(reaction["rollback"]), "invalid_share": share}

@@ -160,13 +160,13 @@ class StalenessControl:
             self._rejected_logged = (now, totals["rejected_turns"])
         return table.filter(keep) if any(keep) else None
 
-    def observe(self, version: int, invalid_share: float | None, ess: float | None) -> dict:
+    def observe(self, version: int, invalid_share: float | None, ess: float | None, turns: int = 0) -> dict:
         """After the update that made ``version``: the guard's and the controller's move. Returns what the learner
         reports, with ``rollback`` True when it should go back to its anchor now."""
         rollback = False
         if self.cooldown_left > 0:
             self.cooldown_left -= 1
-        reason = self._suspicion(invalid_share, ess) if self.guard.enabled else ""
+        reason = self._suspicion(invalid_share, ess, turns) if self.guard.enabled else ""
         self.suspicious = self.suspicious + 1 if reason else 0
         if reason and self.suspicious >= self.guard.patience and self.cooldown_left == 0:
             self.trips += 1
@@ -182,11 +182,11 @@ class StalenessControl:
         return {"eta": self.eta, "is_ess": ess, "guard_trips": self.trips, "guard_cooldown": self.cooldown_left,
                 "step_scale": self.step_scale, "rollback": rollback}
 
-    def anchor_due(self, version: int, invalid_share: float | None, ess: float | None) -> bool:
+    def anchor_due(self, version: int, invalid_share: float | None, ess: float | None, turns: int = 0) -> bool:
         """Should the weights of ``version`` become the newest anchor? (A healthy batch, every anchor_every.)"""
         if not (self.guard.enabled and self.guard.rollback) or self.cooldown_left or self.suspicious:
             return False
-        return version % self.guard.anchor_every == 0 and not self._suspicion(invalid_share, ess, strict=False)
+        return version % self.guard.anchor_every == 0 and not self._suspicion(invalid_share, ess, turns, strict=False)
 
     def anchored(self, version: int) -> None:
         """The learner holds the weights of ``version`` as an anchor (it keeps the last two)."""
@@ -201,12 +201,17 @@ class StalenessControl:
                 value = {int(v): int(e) for v, e in value.items()}
             setattr(self, key, value)
 
-    def _suspicion(self, invalid_share: float | None, ess: float | None, strict: bool = True) -> str:
-        """Why this batch looks like a collapse ("" if it does not); a healthy one moves the invalid reference."""
+    def _suspicion(self, invalid_share: float | None, ess: float | None, turns: int = 0, strict: bool = True) -> str:
+        """Why this batch looks like a collapse ("" if it does not); a healthy one moves the invalid reference.
+
+        A rise counts when it is ``invalid_rise`` and, for a batch of ``turns`` turns, three standard deviations of
+        the share's sampling noise at the reference: a small batch's share jumps by chance."""
         reasons = []
         if invalid_share is not None:
             reference = self.invalid_reference if self.invalid_reference is not None else invalid_share
-            if invalid_share >= reference + (self.guard.invalid_rise if strict else self.guard.invalid_rise / 2):
+            p = min(max(reference, 0.05), 0.95)
+            rise = max(self.guard.invalid_rise, 3.0 * (p * (1 - p) / turns) ** 0.5 if turns else 0.0)
+            if invalid_share >= reference + (rise if strict else rise / 2):
                 reasons.append(f"invalid actions {invalid_share:.2f} against {reference:.2f} when healthy")
             elif strict:
                 d = self.guard.reference_decay

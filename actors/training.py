@@ -341,7 +341,7 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     if same_tokens:
         merged["logprob_gap_same_version"] = same_gap / same_tokens
     if tokens and w2_sum > 0 and math.isfinite(w2_sum):
-        merged["is_ess"] = w_sum * w_sum / (tokens * w2_sum)  # (sum w)^2 / (n sum w^2): 1 on-policy
+        merged["is_ess"] = min(w_sum * w_sum / (tokens * w2_sum), 1.0)  # (sum w)^2 / (n sum w^2): 1 on-policy
     return {**stats, **merged, **seat_returns, "logprob_gap": gap / max(tokens, 1), "tokens": int(tokens),
             "rows": int(batch.input_ids.shape[0]), "microbatches": sum(len(m) for _, m in steps)}
 

@@ -127,3 +127,12 @@ def test_a_run_never_appends_to_another_runs_directory(tmp_path):
     assert run_directory(tmp_path, "bench", resumed=True) == first  # a resume goes on where it was
     (tmp_path / "empty").mkdir()
     assert run_directory(tmp_path, "empty", resumed=False).name == "empty"  # nothing there yet: it is taken
+
+
+def test_a_small_batchs_chance_jump_in_invalid_actions_is_no_trip_a_large_batchs_is():
+    """0.2 -> 0.45 over 19 turns is within three standard deviations of chance; over 300 turns it is a collapse."""
+    small, large = StalenessControl(2, guard=Guard(patience=2)), StalenessControl(2, guard=Guard(patience=2))
+    for control, turns in ((small, 19), (large, 300)):
+        for version, share in enumerate([0.2, 0.2, 0.45, 0.5], 1):
+            control.observe(version, share, 0.99, turns)
+    assert (small.trips, large.trips) == (0, 1)
