@@ -168,6 +168,7 @@ def test_kuhn_bounds_quick(tmp_path):
     assert float(re.search(r"NashConv ([\d.]+)", fixed)[1]) < 0.1
 
 
+@pytest.mark.slow  # about a minute (a base model of its own, warmed up on the recipe): the suite is at its budget
 @pytest.mark.timeout(600)
 def test_role_selfplay_quick(tmp_path):
     """The arithmetic role recipe end to end: proposals, solver attempts with roles, the task buffer kept with
