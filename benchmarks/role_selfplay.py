@@ -71,18 +71,23 @@ def solve_rate(model_dir: Path, tasks: list) -> float:
     return right / len(tasks)
 
 
-def last_third(run_dir: Path) -> tuple[float | None, float | None]:
-    """The mean solve rate of the tasks first proposed in the last third, and the valid share of proposals then."""
+def kept_tasks(run_dir: Path) -> list[list[dict]]:
+    """The tasks each env actor kept with the run (``tasks/<actor>.arrows``), each file's in the order first
+    proposed."""
     from envs.task_buffer import TaskBuffer
 
-    rates = []
+    files = []
     for path in sorted((run_dir / "tasks").glob("*.arrows")):
         buffer = TaskBuffer(capacity=100_000)
         buffer.load(path)
-        tasks = buffer.to_table().to_pylist()
-        for task in tasks[len(tasks) * 2 // 3:]:
-            if task["solve_rates"]:
-                rates.append(sum(task["solve_rates"]) / len(task["solve_rates"]))
+        files.append(buffer.to_table().to_pylist())
+    return files
+
+
+def last_third(run_dir: Path) -> tuple[float | None, float | None]:
+    """The mean solve rate of the tasks first proposed in the last third, and the valid share of proposals then."""
+    rates = [sum(task["solve_rates"]) / len(task["solve_rates"]) for tasks in kept_tasks(run_dir)
+             for task in tasks[len(tasks) * 2 // 3:] if task["solve_rates"]]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     counted = [r for r in rows if "turns_role_proposer" in r]
     valid = None
@@ -114,13 +119,7 @@ def main(argv: list[str]) -> int:
     base = ensure_base_model(cfg.model.cache_dir, tiny_model_config(cfg))
     summary = launch(cfg)
     run_dir = Path(summary["run_dir"])
-    proposed = set()
-    for path in (run_dir / "tasks").glob("*.arrows"):
-        from envs.task_buffer import TaskBuffer
-
-        buffer = TaskBuffer(capacity=100_000)
-        buffer.load(path)
-        proposed |= {(tuple(sorted(t["numbers"])), t["target"]) for t in buffer.to_table().to_pylist()}
+    proposed = {(tuple(sorted(t["numbers"])), t["target"]) for tasks in kept_tasks(run_dir) for t in tasks}
     tasks = [task for task in heldout_tasks(count) if task not in proposed]
     start, final = solve_rate(base, tasks), solve_rate(run_dir / "policy", tasks)
     rate, valid = last_third(run_dir)

@@ -153,17 +153,7 @@ class MetricsLog:
             turns = totals["turns"] - before["turns"]
             row["invalid_rate"] = (totals["invalid_actions"] - before["invalid_actions"]) / turns if turns else None
         row["train_return"] = self._train_return(now, totals)
-        for role in sorted({role for s in envs for role in s.get("turns_by_role", {})}):  # a role game's roles
-            turns = sum(s.get("turns_by_role", {}).get(role, 0) for s in envs)
-            invalid = sum(s.get("invalid_by_role", {}).get(role, 0) for s in envs)
-            row[f"turns_role_{role}"], row[f"invalid_role_{role}"] = turns, invalid  # so far, over the env actors
-            row[f"invalid_rate_role_{role}"] = invalid / turns
-        buffers = [s["task_buffer"] for s in envs if "task_buffer" in s]
-        if buffers:
-            row["task_buffer_size"] = max(b["size"] for b in buffers)
-            rates = [b["mean_solve_rate"] for b in buffers if b.get("mean_solve_rate") is not None]
-            row["task_solve_rate"] = sum(rates) / len(rates) if rates else None
-        row.update({key: value for key, value in learner.get("last", {}).items() if key.startswith("return_role_")})
+        row.update(role_figures(envs, learner))
         for key in ("staleness_mean", "staleness_max", "staleness_hist", "pg_loss", "clip_fraction", "approx_kl",
                     "logprob_gap", "logprob_gap_same_version", "is_weight_mean", "is_outside_share", "entropy",
                     "return_seat0", "return_seat1", "kl_ref", "lr", "states_known", "states_tracked", "eta", "is_ess",
@@ -190,6 +180,24 @@ def episodes_per_s(rows: list[dict], since: float, until: float) -> float | None
     return (inside[-1]["episodes"] - inside[0]["episodes"]) / (inside[-1]["time"] - inside[0]["time"])
 
 
+def role_figures(envs: list[dict], learner: dict) -> dict:
+    """A role game's figures: per role, turns and invalid moves so far over the env actors and the learner's last
+    return; the task buffer's size and mean solve rate. Empty for a game without roles."""
+    figures = {}
+    for role in sorted({role for s in envs for role in s.get("turns_by_role", {})}):
+        turns = sum(s.get("turns_by_role", {}).get(role, 0) for s in envs)
+        invalid = sum(s.get("invalid_by_role", {}).get(role, 0) for s in envs)
+        figures.update({f"turns_role_{role}": turns, f"invalid_role_{role}": invalid,
+                        f"invalid_rate_role_{role}": invalid / turns})
+    buffers = [s["task_buffer"] for s in envs if "task_buffer" in s]
+    if buffers:
+        rates = [b["mean_solve_rate"] for b in buffers if b.get("mean_solve_rate") is not None]
+        figures.update(task_buffer_size=max(b["size"] for b in buffers),
+                       task_solve_rate=sum(rates) / len(rates) if rates else None)
+    figures.update({key: value for key, value in learner.get("last", {}).items() if key.startswith("return_role_")})
+    return figures
+
+
 def plot_learning_curve(evaluations: list[dict], rows: list[dict], path: Path, opponent: str) -> None:
     import matplotlib
 
@@ -206,10 +214,10 @@ def plot_learning_curve(evaluations: list[dict], rows: list[dict], path: Path, o
     ax1.grid(alpha=0.3)
     trained = [r for r in rows if r.get("invalid_rate") is not None]
     ax2.plot([r["elapsed_s"] / 60 for r in trained], [r["invalid_rate"] for r in trained], label="invalid-action rate")
-    for key in sorted({k for r in rows for k in r if k.startswith("return_role_")}):  # each role's training return
+    roles = sorted({k for r in rows for k in r if k.startswith("return_role_")})
+    for key in roles:  # each role's training return
         shown = [r for r in rows if r.get(key) is not None]
         ax2.plot([r["elapsed_s"] / 60 for r in shown], [r[key] for r in shown], ":", label=key[len("return_"):])
-    roles = any(k.startswith("return_role_") for r in rows for k in r)
     ax2.set(xlabel="minutes", ylabel="rate, return" if roles else "rate", ylim=(-1.02, 1.02) if roles else (0, 1.02),
             title="training episodes")
     ax2.grid(alpha=0.3)
