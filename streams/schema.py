@@ -142,22 +142,28 @@ def decode_batch(buf) -> tuple[pa.Table, int | None]:
 
 def _read_stream(buf) -> tuple[pa.Table, dict]:
     """The table of the one IPC stream that is the whole of ``buf`` (conformed, validated) and its schema's
-    metadata; SchemaError for anything else."""
+    metadata; SchemaError for anything else.
+
+    Each record batch is validated in full as it is read (what validating the table would check, at a third of
+    the cost). A schema message whose bytes are those of `TRAJECTORY_SCHEMA` itself (every stream `encode_table`
+    writes without a batch number) is not parsed again: the same bytes parse to the same schema.
+    """
     source = pa.BufferReader(pa.py_buffer(buf))
     try:
         messages = pa.ipc.MessageReader.open_stream(source)
         first = messages.read_next_message()
         if first.type != "schema":
             raise SchemaError(f"an Arrow IPC stream starts with its schema, not a {first.type} message")
-        schema = pa.ipc.read_schema(first)
-        _check_version(schema)
+        schema = _schema_of(first)
         batches = []
         for message in messages:  # up to the end-of-stream marker (or the end of the bytes)
             if message.type != "record batch":
                 raise SchemaError(f"a {message.type} message in a trajectory stream (one schema, then record batches)")
             if _compressed(message.metadata):
                 raise SchemaError("a compressed IPC body: trajectories travel uncompressed")
-            batches.append(pa.ipc.read_record_batch(message, schema))
+            batch = pa.ipc.read_record_batch(message, schema)
+            _validate(batch)
+            batches.append(batch)
         if source.tell() != source.size():
             raise SchemaError(f"{source.size() - source.tell()} bytes after the IPC stream's end (one stream a frame)")
         table = pa.Table.from_batches(batches, schema)
@@ -165,14 +171,35 @@ def _read_stream(buf) -> tuple[pa.Table, dict]:
         raise
     except (pa.ArrowException, OSError, TypeError, ValueError, StopIteration, struct.error, IndexError) as error:
         raise SchemaError(f"not an Arrow IPC stream: {error or type(error).__name__}") from error
-    try:
-        table.validate(full=True)
-    except pa.ArrowException as error:
-        raise SchemaError(f"an invalid Arrow table: {error}") from error
+    if any(schema is known for known in _PARSED.values()):  # TRAJECTORY_SCHEMA, metadata and all
+        return table, dict(TRAJECTORY_SCHEMA.metadata)
     metadata = dict(schema.metadata or {})
     if not table.schema.equals(TRAJECTORY_SCHEMA, check_metadata=True):  # the common case: nothing to conform
         table = _conform(table)
     return table, metadata
+
+
+_PARSED: dict[bytes, pa.Schema] = {}  # one entry: the bytes of TRAJECTORY_SCHEMA's schema message, and it parsed
+
+
+def _schema_of(message) -> pa.Schema:
+    """The schema a schema message holds, its version checked."""
+    key = message.metadata.to_pybytes()
+    known = _PARSED.get(key)
+    if known is not None:
+        return known
+    schema = pa.ipc.read_schema(message)
+    _check_version(schema)
+    if not _PARSED and schema.equals(TRAJECTORY_SCHEMA, check_metadata=True):
+        _PARSED[key] = schema
+    return schema
+
+
+def _validate(batch: pa.RecordBatch) -> None:
+    try:
+        batch.validate(full=True)
+    except pa.ArrowException as error:
+        raise SchemaError(f"an invalid Arrow table: {error}") from error
 
 
 def _compressed(metadata: pa.Buffer) -> bool:

@@ -97,3 +97,15 @@ def test_a_batch_number_still_travels_and_honest_tables_still_decode_without_cop
     source = pa.py_buffer(payload)
     values = decode_table(payload).column(C.PROMPT_IDS).chunks[0].values.buffers()[1]
     assert source.address <= values.address < source.address + source.size
+
+
+def test_the_parsed_trajectory_schema_is_reused_only_for_its_own_bytes():
+    """A stream of exactly TRAJECTORY_SCHEMA skips parsing its schema again; a batch number (other schema bytes)
+    still travels, and a bad body behind the known schema bytes is still refused, each time."""
+    table = trajectory_table([row(0, 4), row(1, 5)])
+    for _ in range(2):
+        assert decode_table(encode_table(table)).to_pylist() == table.to_pylist()
+        assert decode_batch(encode_table(table, batch_seq=3))[1] == 3
+        assert decode_batch(encode_table(table))[1] is None
+        with pytest.raises(SchemaError, match="[Oo]ffset"):
+            decode_table(bad_middle_offset())
