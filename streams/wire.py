@@ -70,6 +70,8 @@ class Kind(str, enum.Enum):
     MATCH_RESULT = "match_result"  # a finished league match: seats and returns (msgpack)
 
 
+_KINDS: dict[str, Kind] = {kind.value: kind for kind in Kind}  # a look-up, not an enum call, per frame
+
 # The largest frame of each kind, header and body together: a receiver drops (and counts) a larger one before
 # decoding its body. Each is sized from what an honest frame of the kind needs.
 FRAME_LIMITS: dict[Kind, int] = {
@@ -132,7 +134,7 @@ def unpack(buf, shape: Shape = ANY_SHAPE):
 
 
 def encode_frame(kind: Kind, body: bytes, sender: str, seq: int) -> list[bytes]:
-    kind = Kind(kind)
+    kind = _KINDS[kind] if isinstance(kind, str) and kind in _KINDS else Kind(kind)  # Kind(...) names a bad one
     limit = FRAME_LIMITS[kind]
     header = pack({"kind": kind.value, "v": WIRE_VERSION, "sender": sender, "seq": seq})
     if len(header) + len(body) > limit:
@@ -169,8 +171,8 @@ def _header(fields) -> Header:
     if version != WIRE_VERSION:
         raise FrameError(f"wire version {version!r}, expected {WIRE_VERSION}", "wrong_version")
     try:
-        kind = Kind(fields.get("kind"))
-    except (ValueError, TypeError):
+        kind = _KINDS[fields.get("kind")]
+    except (KeyError, TypeError):  # TypeError: an unhashable value
         raise FrameError(f"unknown frame kind {fields.get('kind')!r}", "unknown_kind") from None
     sender, seq = fields.get("sender"), fields.get("seq")
     if not isinstance(sender, str) or not isinstance(seq, int) or isinstance(seq, bool):
@@ -225,6 +227,7 @@ class LinkType(enum.IntEnum):
     ACK = 2  # [envelope]: every message before `seq` was delivered; the receiver takes `window` unacknowledged
 
 
+_LINK_TYPES = {int(kind): kind for kind in LinkType}
 _LINK = struct.Struct("<4sBQI")  # magic, type, seq, window
 LINK_MAGIC = b"tdl1"
 LINK_BYTES = _LINK.size
@@ -244,7 +247,7 @@ def decode_link(buf) -> tuple[LinkType, int, int]:
     magic, kind, seq, window = _LINK.unpack(buf)
     if magic != LINK_MAGIC:
         raise FrameError(f"link envelope starts with {bytes(magic)!r}, expected {LINK_MAGIC!r}", "bad_link")
-    try:
-        return LinkType(kind), seq, window
-    except ValueError:
-        raise FrameError(f"unknown link message type {kind}", "bad_link") from None
+    link_type = _LINK_TYPES.get(kind)
+    if link_type is None:
+        raise FrameError(f"unknown link message type {kind}", "bad_link")
+    return link_type, seq, window

@@ -19,6 +19,8 @@ from streams.stats import count_received, count_sent, new_stats
 from streams.wire import ZERO_COPY_BYTES
 
 YIELD_EVERY = 16
+# the flags as plain ints: an operation on pyzmq's enum flags builds a new enum member, per message
+_NOBLOCK, _SNDMORE, _POLLIN = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.POLLIN)
 REBIND_WAIT_S = 5.0  # how long an endpoint reopened at a given address waits for the old socket to let it go
 
 
@@ -45,14 +47,22 @@ class TrioSocket:
     def send_nowait(self, parts: list) -> None:
         """Send without waiting (on a socket whose queues the credit protocol bounds); raises zmq.Again."""
         _send_parts(self.socket, parts)
-        if self._wait_scope is not None and self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if self._wait_scope is not None and self.socket.getsockopt(zmq.EVENTS) & _POLLIN:
             self.wake()  # the send may have taken the FD's edge for a message that is now waiting
 
     async def receive(self, before_wait=None) -> list:
         """The next message; calls ``before_wait()`` each time it is about to wait for one."""
-        receive = functools.partial(self.socket.recv_multipart, zmq.NOBLOCK, copy=False)
-        frames, _ = await self._call(receive, zmq.POLLIN, before_wait)
-        return [_part(frame) for frame in frames]
+        parts, _ = await self._call(self._receive_parts, zmq.POLLIN, before_wait)
+        return parts
+
+    def _receive_parts(self) -> list:
+        """The parts of one message (zmq.Again if none is waiting); each frame says whether more follow."""
+        frame = self.socket.recv(_NOBLOCK, copy=False)
+        parts = [_part(frame)]
+        while frame.more:  # the rest of a message arrives with its first part
+            frame = self.socket.recv(_NOBLOCK, copy=False)
+            parts.append(_part(frame))
+        return parts
 
     async def _call(self, operation, event: int, before_wait=None) -> tuple[object, float | None]:
         """Run a non-blocking operation, waiting on the FD while it raises zmq.Again.
@@ -109,8 +119,7 @@ def _send_parts(socket: zmq.Socket, parts: list) -> None:
     """
     last = len(parts) - 1
     for i, part in enumerate(parts):
-        flags = zmq.NOBLOCK | (zmq.SNDMORE if i < last else 0)
-        socket.send(part, flags, copy=len(part) < ZERO_COPY_BYTES)
+        socket.send(part, _NOBLOCK | _SNDMORE if i < last else _NOBLOCK, copy=len(part) < ZERO_COPY_BYTES)
 
 
 def _part(frame: zmq.Frame) -> bytes | memoryview:
