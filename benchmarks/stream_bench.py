@@ -4,9 +4,14 @@ script in benchmarks/, stays the package."""
 from __future__ import annotations
 
 import argparse
+import cProfile
+import functools
 import multiprocessing as mp
+import os
+import pstats
 import statistics
 import time
+from pathlib import Path
 
 import trio
 import zmq
@@ -86,6 +91,36 @@ def run_processes(consumer, producer, producers: int, batches: int, records: int
     for process in [receiving, *sending]:
         process.join()
     return (total - 1) * records / seconds
+
+
+def _profiled(target, path: str, *args) -> None:
+    """``target(*args)`` under cProfile, its statistics to ``path`` (``{pid}`` there: this process's id)."""
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        target(*args)
+    finally:
+        profile.disable()
+        profile.dump_stats(path.format(pid=os.getpid()))
+
+
+def profile_trajectories(directory: str, batches: int = 2000, records: int = 64, producers: int = 2) -> None:
+    """Run tidal's and raw ZeroMQ's trajectory processes once each under cProfile: every process writes
+    ``<directory>/<way>-<consumer|producer>-<pid>.prof`` (for pstats or snakeviz); the top of the consumer's and
+    of one producer's is printed."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    for way, consumer, producer in (("tidal", tidal_consumer, tidal_producer), ("raw", raw_consumer, raw_producer)):
+        for old in Path(directory).glob(f"{way}-*.prof"):
+            old.unlink()
+        path = str(Path(directory) / f"{way}-{{end}}-{{{{pid}}}}.prof")
+        rate = run_processes(functools.partial(_profiled, consumer, path.format(end="consumer")),
+                             functools.partial(_profiled, producer, path.format(end="producer")),
+                             producers, batches, records)
+        print(f"{way}: {rate:.0f} records/s under the profiler", flush=True)
+        for end in ("consumer", "producer"):
+            shown = sorted(Path(directory).glob(f"{way}-{end}-*.prof"))[0]
+            print(f"--- {way} {end}: {shown}")
+            pstats.Stats(str(shown)).sort_stats("tottime").print_stats(12)
 
 
 def run_ray(producers: int, batches: int, records: int, window: int = 8) -> float:
@@ -262,7 +297,14 @@ def bench_weights(quick: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description="tidal's streams against Ray and raw ZeroMQ, weights, a fuzzer")
     parser.add_argument("--quick", action="store_true", help="a shorter run (about a minute)")
+    parser.add_argument("--profile", metavar="DIR", help="only profile the trajectory processes (cProfile, into DIR)")
+    parser.add_argument("--trajectories", action="store_true", help="only the trajectories, tidal against raw and Ray")
     args = parser.parse_args()
+    if args.profile:
+        return profile_trajectories(args.profile)
+    if args.trajectories:
+        rates = bench_trajectories(args.quick)
+        return print(f"vs_ray={rates['tidal'] / rates['ray']:.2f} vs_raw={rates['tidal'] / rates['raw']:.2f}")
     from benchmarks.stream_fuzz import fuzz_live_actors, summary  # here: it imports every actor (no producer needs)
 
     rates = bench_trajectories(args.quick)
