@@ -51,6 +51,17 @@ HWM_SLACK = 16
 LINK_MAX_PART_BYTES = 4096
 
 
+def sender_hwm(capacity: int) -> int:
+    """A sender's send high-water mark: high enough that its window never meets it.
+
+    libzmq's writer learns what its reader (the I/O thread) took from the pipe only every low-water mark, half the
+    high-water mark, of messages; so it counts up to that many too many. At ``capacity + HWM_SLACK`` a full window
+    of large messages that TCP had not yet taken looked like a full pipe: the send failed as if no peer were
+    connected, and the link reopened and resent everything (a 0.2 s stall and a window of duplicates, many times a
+    run). The credits bound what a sender queues; this mark only must not."""
+    return 2 * capacity + HWM_SLACK
+
+
 def _check_sizes(parts) -> None:
     size = sum(len(part) for part in parts)
     if size > MAX_FRAME_BYTES:
@@ -274,7 +285,7 @@ class ZmqTransport:
     @contextlib.asynccontextmanager
     async def open_link(self, address: str, identity: bytes, capacity: int = 64):
         """A sender's DEALER socket to one receiver, and a socket that gets a message when it disconnects."""
-        options = {zmq.ROUTING_ID: identity, zmq.SNDHWM: capacity + HWM_SLACK, zmq.RCVHWM: capacity + HWM_SLACK,
+        options = {zmq.ROUTING_ID: identity, zmq.SNDHWM: sender_hwm(capacity), zmq.RCVHWM: capacity + HWM_SLACK,
                    zmq.MAXMSGSIZE: LINK_MAX_PART_BYTES}
         async with self._open(zmq.DEALER, options, linger_ms=0, server=False) as sock:
             monitor = TrioSocket(sock.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED))
