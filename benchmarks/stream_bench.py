@@ -36,6 +36,7 @@ def tidal_consumer(results, total: int) -> None:
             results.put((rows, time.perf_counter() - started))
 
     trio.run(main)
+    zmq.Context.instance().term()  # the receiver's last acknowledgements go out: its producers are draining
 
 
 def tidal_producer(address: str, index: int, batches: int, records: int) -> None:
@@ -89,7 +90,10 @@ def run_processes(consumer, producer, producers: int, batches: int, records: int
         states = [(p.name, p.is_alive(), p.exitcode) for p in [receiving, *sending]]
         raise RuntimeError(f"{consumer.__name__}: no result in 300 s; processes (name, alive, exit code): {states}")
     for process in [receiving, *sending]:
-        process.join()
+        process.join(60)
+        if process.is_alive():  # a producer still draining: its last acknowledgements never came
+            process.kill()
+            raise RuntimeError(f"{producer.__name__}: {process.name} had not ended 60 s after the last batch")
     return (total - 1) * records / seconds
 
 
