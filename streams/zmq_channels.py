@@ -12,8 +12,9 @@ dropped while the last acknowledgement was on its way, the message before it: su
 One opened with ``ack_when_done="explicit"`` hands each message with a token, and counts it done when its actor
 calls ``done(token)``, in any order: an actor that holds several at once (a batching reward actor) acknowledges each
 sender's up to the oldest it still holds (`zmq_receiver`).
-Nothing is dropped at a high-water mark: the credits bound every queue, and every socket's high-water marks sit
-just above its window, so a peer that ignores the credits is held back by TCP, not buffered. When a link's
+Nothing is dropped at a high-water mark: the credits bound every queue, and a receiver's high-water marks sit
+just above its window, so a peer that ignores the credits is held back by TCP, not buffered (a sender's send mark
+is higher: `sender_hwm`). When a link's
 connection drops (the receiver restarted, or the network failed), the sender opens a fresh socket and sends again
 everything not yet acknowledged; the receiver drops (and counts) what it already delivered, so nothing acknowledged
 is lost and nothing is delivered twice. The receiving end, and what it rejects, is `zmq_receiver`.
