@@ -12,7 +12,7 @@ from streams.endpoints import Inbox
 from streams.messages import GenerationRequest, VersionAnnounced
 from streams.replies import open_replies
 from streams.wire import FRAME_LIMITS, LINK_BYTES, FrameCounter, Kind, LinkType, encode_link, pack
-from streams.zmq_channels import HWM_SLACK
+from streams.zmq_channels import HWM_SLACK, sender_hwm
 from tests.unit.test_streams_reliability import assert_quiet
 
 GOOD = VersionAnnounced("main", 7).to_body()
@@ -161,7 +161,7 @@ def test_high_water_marks_bound_what_a_peer_ignoring_the_credits_can_queue():
                 await trio.sleep(0.01)
             for sock, (option, expected) in [(receiver._sock.socket, (zmq.RCVHWM, 8 + HWM_SLACK)),
                                              (receiver._sock.socket, (zmq.SNDHWM, 8 + HWM_SLACK)),
-                                             (link.sock.socket, (zmq.SNDHWM, 64 + HWM_SLACK))]:
+                                             (link.sock.socket, (zmq.SNDHWM, sender_hwm(64)))]:
                 assert sock.getsockopt(option) == expected
             flood = raw_socket(receiver.address)
             flood.setsockopt(zmq.SNDHWM, 1)
