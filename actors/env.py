@@ -36,6 +36,7 @@ from typing import Iterator
 import trio
 
 from actors.admission import Admission
+from actors.deliveries import Deliveries
 from actors.episode import EpisodeCounts, EpisodeSettings, move_token_budget, play_episode
 from actors.evaluation import EvaluationTally
 from actors.generation import PolicyClient, TokenCodec, by_member, open_policy_client
@@ -44,7 +45,7 @@ from actors.matches import Match, MatchSource, SelfPlayMatches, open_league_matc
 from envs.registry import OPPONENTS, make
 from streams.endpoints import Inbox, open_outboxes
 from streams.messages import VERSION_TOPIC, VersionAnnounced
-from streams.schema import Columns, encode_table, trajectory_table
+from streams.schema import Columns
 from streams.wire import Kind
 
 POLICY = "policy"
@@ -140,6 +141,8 @@ class EnvActor:
             trio.open_nursery() as nursery,
         ):
             self._episodes = episodes  # per member: its reward actor
+            self._deliveries = Deliveries(episodes)  # episodes to them, a batch of tables at a time
+            nursery.start_soon(self._deliveries.run)
             self._versions_inbox = Inbox(versions, Kind.VERSION, VersionAnnounced.from_body, topic=True)
             self._policy, self._matches, self._nursery = policy, matches, nursery
             nursery.start_soon(self._admission.follow_versions, self._versions_inbox)
@@ -265,19 +268,24 @@ class EnvActor:
             while True:
                 await self._training_on.wait()
                 await slots.acquire()
-                # decided once the slot is free: training may have stopped, or the shares moved, meanwhile
-                if not self._training_on.is_set():
-                    slots.release()
-                    continue
-                admitted = self._admission.admitted()
-                if not admitted:
-                    slots.release()
-                    await self._admission.wait_for_change()
-                    continue
-                match = await matches.next(admitted)
-                self._admission.started(match.learner)
-                self._training_in_flight += 1
-                nursery.start_soon(self._train_one, slots, matches, match)
+                while True:  # every free slot at once (no yield between starts: their first moves ask together)
+                    # decided once the slot is free: training may have stopped, or the shares moved, meanwhile
+                    if not self._training_on.is_set():
+                        slots.release()
+                        break
+                    admitted = self._admission.admitted()
+                    if not admitted:
+                        slots.release()
+                        await self._admission.wait_for_change()
+                        break
+                    match = await matches.next(admitted)
+                    self._admission.started(match.learner)
+                    self._training_in_flight += 1
+                    nursery.start_soon(self._train_one, slots, matches, match)
+                    try:
+                        slots.acquire_nowait()
+                    except trio.WouldBlock:
+                        break
 
     async def _train_one(self, slots: trio.Semaphore, matches: MatchSource, match: Match) -> None:
         try:
@@ -297,7 +305,7 @@ class EnvActor:
         policy_returns = [r for r, who in zip(returns, match.seats) if who == match.learner]
         self._training["train_episodes"] += 1
         self._training["train_return_sum"] += sum(policy_returns) / len(policy_returns)
-        await self._episodes[match.learner].send(encode_table(trajectory_table(rows)))
+        await self._deliveries.deliver(match.learner, rows)
         if self.cfg.ledger_dir:
             await self._record_delivery(match.learner, rows[0][Columns.EPISODE_ID])
 

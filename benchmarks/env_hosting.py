@@ -75,7 +75,7 @@ async def _drain(receiver):
 
 
 def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir: Path,
-                      through_rollout: bool) -> tuple[float, dict]:
+                      through_rollout: bool, profile=None) -> tuple[float, dict]:
     """Environment steps/s of one EnvActor with ``episodes`` live episodes of the GEM game.
 
     ``through_rollout=False``: the scripted policy (GEM's own random action) sits in the seat as a fixed
@@ -109,8 +109,12 @@ def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir:
             while env.statistics()["steps"] < steps // 10:  # warm-up: every episode started
                 await trio.sleep(0.01)
             first, start = env.statistics()["steps"], time.perf_counter()
+            if profile is not None:  # the steady state only: not the imports, the tokenizer's load, the warm-up
+                profile.enable()
             while env.statistics()["steps"] < first + steps:
                 await trio.sleep(0.01)
+            if profile is not None:
+                profile.disable()
             stats = env.statistics()
             result["rate"] = (stats["steps"] - first) / (time.perf_counter() - start)
             result["stats"] = stats

@@ -118,6 +118,26 @@ def encode_table(table: pa.Table, batch_seq: int | None = None) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+_SCHEMA_MESSAGE = TRAJECTORY_SCHEMA.serialize().to_pybytes()  # an IPC stream's first message
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def encode_episodes(episodes: list[list[dict]]) -> list[bytes]:
+    """Each episode's rows as an IPC stream of its own (one frame an episode, as ``encode_table(trajectory_table(
+    rows))`` gives: the same table once decoded), the columns built once for all of them: Arrow's fixed cost per
+    column and per call is paid once a batch, not once an episode. SchemaError as ``trajectory_table``'s."""
+    rows = [row for episode in episodes for row in episode]
+    if not rows:
+        return [encode_table(trajectory_table([])) for _ in episodes]
+    (batch,) = trajectory_table(rows).combine_chunks().to_batches()
+    bodies, start = [], 0
+    for episode in episodes:
+        bodies.append(b"".join((_SCHEMA_MESSAGE, batch.slice(start, len(episode)).serialize().to_pybytes(),
+                                _END_OF_STREAM)))
+        start += len(episode)
+    return bodies
+
+
 def decode_table(buf) -> pa.Table:
     """Read an Arrow IPC stream without copying: the table's buffers point into `buf`.
 
