@@ -26,7 +26,8 @@ import trio
 
 from actors.engines.snapshots import parse_snapshot_id
 from streams.endpoints import Inbox, Outbox, open_outboxes
-from streams.messages import Completion, GenerationRequest, decode_completions, encode_requests, split_requests
+from streams.messages import (Completion, GenerationRequest, Packed, decode_completions, encode_requests, packed_bytes,
+                             split_requests)
 from streams.wire import Kind
 
 GATHER_ROUNDS = 8  # scheduler rounds a frame of requests waits at most for more, while more keep coming
@@ -174,16 +175,22 @@ class TokenCodec:
     def __init__(self, tokenizer, cache_size: int = 8192):
         core = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
         if core is not None:
-            self._encode_new = lambda text: tuple(core.encode(text).ids)
+            self._encode_new = lambda text: _packed(core.encode(text).ids)
             self.decode = lambda ids: core.decode(ids, skip_special_tokens=True)
         else:
-            self._encode_new = lambda text: tuple(tokenizer(text)["input_ids"])
+            self._encode_new = lambda text: _packed(tokenizer(text)["input_ids"])
             self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
         self._cached = functools.lru_cache(maxsize=cache_size)(self._encode_new)
 
     def encode(self, text: str) -> list[int]:
-        return list(self._cached(text))
+        """The ids (a ``Packed`` list of its own: the caller may keep it; their bytes are made once per prompt)."""
+        ids, packed = self._cached(text)
+        return Packed.of(ids, packed)
 
     @property
     def hits(self) -> int:
         return self._cached.cache_info().hits
+
+
+def _packed(ids: list[int]) -> tuple[tuple[int, ...], bytes]:
+    return tuple(ids), packed_bytes([ids], "<i4")

@@ -12,7 +12,6 @@ requests, and its frame stays within its kind's limit (``wire.FRAME_LIMITS``): `
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +22,27 @@ from streams.wire import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, FrameError, Shape, p
 MAX_BATCH = 4096  # requests (or completions) in one frame
 _ERROR_CHARS = 500  # a refusal's reason is cut to this
 _BATCH_BYTES = 48 * 2**10  # what a batch's fields other than its token arrays may take (within the 64 KiB margin)
+
+
+class Packed(list):
+    """Numbers (a list, as any other) that also hold their little-endian 4-byte values, ``packed``: what a frame or
+    an Arrow column takes of them, made once (a prompt's ids when the prompt cache first encodes it, a completion's
+    arrays as they came off the wire). Made whole and never changed in place (a slice or a copy is a plain list);
+    a reader that finds ``packed`` of another length than the list's ignores it."""
+
+    __slots__ = ("packed",)
+
+    @classmethod
+    def of(cls, values, packed: bytes) -> Packed:
+        made = cls(values)
+        made.packed = packed
+        return made
+
+
+def packed_bytes(lists, dtype: str) -> bytes:
+    """The 4-byte values of ``lists`` (of numbers) one after another: what each ``Packed`` holds, the rest converted."""
+    return b"".join(values.packed if type(values) is Packed and len(values.packed) == 4 * len(values)
+                    else np.asarray(values, dtype).tobytes() for values in lists)
 
 
 @dataclass
@@ -86,10 +106,10 @@ def encode_requests(requests: list[GenerationRequest]) -> bytes:
     """One frame's body of ``requests`` (1 to MAX_BATCH, all with the same ``reply_to``)."""
     if not 0 < len(requests) <= MAX_BATCH or any(r.reply_to != requests[0].reply_to for r in requests):
         raise ValueError(f"a batch holds 1 to {MAX_BATCH} requests with one reply_to, not {len(requests)}")
-    prompts = list(itertools.chain.from_iterable(r.prompt_ids for r in requests))
     values = (np.asarray([r.request_id for r in requests], "<i8").tobytes(), requests[0].reply_to,
               [r.policy_id for r in requests], np.asarray([len(r.prompt_ids) for r in requests], "<i4").tobytes(),
-              np.asarray(prompts, "<i4").tobytes(), np.asarray([r.temperature for r in requests], "<f8").tobytes(),
+              packed_bytes([r.prompt_ids for r in requests], "<i4"),
+              np.asarray([r.temperature for r in requests], "<f8").tobytes(),
               np.asarray([r.max_tokens for r in requests], "<i4").tobytes(),
               np.asarray([r.min_version for r in requests], "<i8").tobytes())
     return pack(dict(zip(REQUEST_NAMES, values)))
@@ -127,12 +147,11 @@ def encode_completions(completions: list[Completion]) -> bytes:
     """One frame's body of ``completions`` (1 to MAX_BATCH)."""
     if not 0 < len(completions) <= MAX_BATCH:
         raise ValueError(f"a batch holds 1 to {MAX_BATCH} completions, not {len(completions)}")
-    chain = itertools.chain.from_iterable
     values = (np.asarray([c.request_id for c in completions], "<i8").tobytes(),
               np.asarray([len(c.token_ids) for c in completions], "<i4").tobytes(),
-              np.asarray(list(chain(c.token_ids for c in completions)), "<i4").tobytes(),
-              np.asarray(list(chain(c.logprobs for c in completions)), "<f4").tobytes(),
-              np.asarray(list(chain(c.versions for c in completions)), "<i4").tobytes(),
+              packed_bytes([c.token_ids for c in completions], "<i4"),
+              packed_bytes([c.logprobs for c in completions], "<f4"),
+              packed_bytes([c.versions for c in completions], "<i4"),
               bytes(bool(c.finished) for c in completions), [c.error for c in completions])
     return pack(dict(zip(COMPLETION_NAMES, values)))
 
@@ -153,9 +172,10 @@ def decode_completions(body) -> list[Completion]:
         raise FrameError(f"completion with {len(tokens)} tokens, {len(logprobs)} log-probs, {len(versions)} "
                          f"versions for lengths adding up to {int(lengths.sum())}")
     ends = np.cumsum(lengths).tolist()
-    tokens, logprobs, versions = tokens.tolist(), logprobs.tolist(), versions.tolist()
-    return [Completion(request_id, tokens[end - n:end], logprobs[end - n:end], versions[end - n:end], bool(done),
-                       error)
+    raw = bytes(f["tokens"]), bytes(f["logprobs"]), bytes(f["versions"])
+    lists = tokens.tolist(), logprobs.tolist(), versions.tolist()
+    return [Completion(request_id, *(Packed.of(values[end - n:end], buf[4 * (end - n):4 * end])
+                                     for values, buf in zip(lists, raw)), bool(done), error)
             for request_id, n, end, done, error in zip(ids.tolist(), lengths.tolist(), ends, finished, errors)]
 
 

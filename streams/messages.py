@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from streams.generation_messages import (  # noqa: F401 (imported from here, as the other messages are)
-    MAX_BATCH, Completion, GenerationRequest, decode_completions, decode_requests, encode_completions, encode_requests,
-    split_completions, split_requests)
+    MAX_BATCH, Completion, GenerationRequest, Packed, decode_completions, decode_requests, encode_completions,
+    encode_requests, packed_bytes, split_completions, split_requests)
 from streams.message_fields import _address, _fields
 from streams.wire import FrameError, Shape, pack
 MAX_SEATS = 16  # the most seats (players) a match may have

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pyarrow as pa
 
 SCHEMA_VERSION = 2  # 2: role and scored_by (a version-1 spill is read with both empty: `upgrade_batch`)
@@ -95,10 +96,25 @@ def trajectory_table(rows: list[dict]) -> pa.Table:
         if row.keys() != expected and not required <= row.keys() <= expected:
             raise SchemaError(f"trajectory row {index}: {_difference(set(row) | set(OPTIONAL), expected)}")
     try:
-        columns = [pa.array([row.get(name, OPTIONAL.get(name)) for row in rows], type=kind) for name, kind in FIELDS]
+        columns = [_column([row.get(name, OPTIONAL.get(name)) for row in rows], kind) for name, kind in FIELDS]
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
         raise SchemaError(f"trajectory rows do not fit the schema: {error}") from error
     return pa.Table.from_arrays(columns, schema=TRAJECTORY_SCHEMA)
+
+
+_PACKED = {pa.list_(pa.int32()): "<i4", pa.list_(pa.float32()): "<f4"}  # list columns of 4-byte numbers
+
+
+def _column(values: list, kind: pa.DataType) -> pa.Array:
+    """One column. A list column whose every value holds its numbers' bytes (``packed``: token ids and completions
+    from the generation path, ``streams.generation_messages.Packed``) is made from them, not number by number."""
+    dtype = _PACKED.get(kind)
+    if dtype is None or not values or any(len(getattr(v, "packed", b"")) != 4 * len(v) or not v for v in values):
+        return pa.array(values, type=kind)
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    flat = np.frombuffer(b"".join(v.packed for v in values), dtype)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=kind.value_type))
 
 
 def encode_table(table: pa.Table, batch_seq: int | None = None) -> bytes:

@@ -1,9 +1,10 @@
 """Generation requests and completions many to a frame, and episodes encoded a batch at a time."""
 
+import numpy as np
 import pytest
 
 from streams.messages import (
-    MAX_BATCH, Completion, GenerationRequest, decode_completions, decode_requests, encode_completions, encode_requests,
+    MAX_BATCH, Completion, Packed, GenerationRequest, decode_completions, decode_requests, encode_completions, encode_requests,
     split_completions, split_requests,
 )
 from streams.schema import Columns, decode_table, encode_episodes, encode_table, trajectory_table
@@ -78,3 +79,19 @@ def test_episodes_encoded_a_batch_at_a_time_decode_as_each_encoded_alone():
     for rows, body in zip(episodes, bodies):
         assert decode_table(body).equals(decode_table(encode_table(trajectory_table(rows))))
         assert decode_table(body).column(Columns.EPISODE_ID).to_pylist() == [rows[0][Columns.EPISODE_ID]] * len(rows)
+
+
+def test_packed_numbers_make_the_same_frames_and_columns_as_plain_lists():
+    prompt = Packed.of([5, 300, 7], np.asarray([5, 300, 7], "<i4").tobytes())
+    assert prompt == [5, 300, 7] and type(prompt[1:]) is list  # a list like any other; a slice is a plain one
+    plain = GenerationRequest(1, "mem://a", "main", [5, 300, 7])
+    assert encode_requests([GenerationRequest(1, "mem://a", "main", prompt)]) == encode_requests([plain])
+    completions = decode_completions(encode_completions([Completion(1, [4, 5], [-0.5, -1.0], [2, 2], True)]))
+    assert all(type(values) is Packed for values in completions[0].__dict__.values() if isinstance(values, list))
+    stale = Packed.of([1, 2], b"\0" * 4)  # its bytes say less than its list: ignored
+    rows = [{**_row(0, 0), Columns.PROMPT_IDS: prompt, Columns.ACTION_IDS: completions[0].token_ids,
+             Columns.BEHAVIOUR_LOGPROBS: completions[0].logprobs, Columns.POLICY_VERSIONS: stale}, _row(1, 1)]
+    plain_rows = [{name: list(value) if isinstance(value, list) else value for name, value in row.items()}
+                  for row in rows]
+    assert trajectory_table(rows).equals(trajectory_table(plain_rows))
+    assert trajectory_table(rows).column(Columns.POLICY_VERSIONS).to_pylist() == [[1, 2], [1, 1]]
