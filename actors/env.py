@@ -98,6 +98,19 @@ class EnvConfig:
         Payoff(self.opponent_seat_decay)  # checks the decay
 
 
+_FROZEN = []  # set once this process has frozen what it loaded
+
+
+def _freeze_what_is_loaded() -> None:
+    """Once a process: what is loaded by now (transformers, torch, the games) lives as long as the process, so it
+    goes out of the collector's reach (``gc.freeze``, after a collection: no garbage is frozen with it), and a full
+    collection no longer walks it: a third of the generation path's time went to those walks."""
+    if not _FROZEN:
+        gc.collect()
+        gc.freeze()
+        _FROZEN.append(True)
+
+
 class EnvActor:
     """Training and evaluation episodes on one trio loop (see the module); the launcher wraps it for Ray."""
 
@@ -128,9 +141,7 @@ class EnvActor:
 
         cfg = self.cfg
         tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, cfg.tokenizer_path)
-        # What is loaded now (transformers, torch, the games) lives as long as the actor: out of the collector's
-        # reach, a full collection no longer walks it (a third of the generation path's time went to those walks)
-        gc.freeze()
+        _freeze_what_is_loaded()
         self.codec = TokenCodec(tokenizer)
         budget = move_token_budget(self._idle_games[0], self.codec, cfg.max_new_tokens)
         self._settings = EpisodeSettings(cfg.env_name, budget, cfg.max_prompt_tokens)

@@ -28,7 +28,7 @@ from actors.engines.snapshots import parse_snapshot_id
 from streams.endpoints import Inbox, Outbox, open_outboxes
 from streams.messages import (Completion, GenerationRequest, Packed, decode_completions, encode_requests, packed_bytes,
                              split_requests)
-from streams.wire import Kind
+from streams.wire import MAX_NEW_TOKENS, Kind
 
 GATHER_ROUNDS = 8  # scheduler rounds a frame of requests waits at most for more, while more keep coming
 
@@ -78,6 +78,9 @@ class PolicyClient:
     async def generate(self, prompt_ids: list[int], max_tokens: int, policy: str) -> Completion:
         """A completion from ``policy``'s rollout group: a live member's at least at the version this actor
         knows of; a snapshot's (frozen) from its member's group, at any version."""
+        if not prompt_ids or not 0 < max_tokens <= MAX_NEW_TOKENS:  # a frame with such a request would be refused
+            raise GenerationRefused(f"no request is sent for a prompt of {len(prompt_ids)} tokens and a budget of "
+                                    f"{max_tokens} new tokens (1 to {MAX_NEW_TOKENS})")  # whole: its episode drops
         request_id = next(self._request_ids)
         done, slot = trio.Event(), []
         snapshot = parse_snapshot_id(policy) if policy not in self._requests else None

@@ -190,14 +190,8 @@ class RolloutActor(RolloutWeights):
         async with open_replies(transport, Kind.COMPLETION, self.name) as replies:
             self._streams["replies"] = replies
             while True:
-                ready = [await completions.receive()]
-                while len(ready) < self.cfg.max_batch:
-                    try:
-                        ready.append(completions.receive_nowait())
-                    except trio.WouldBlock:
-                        break
                 by_address: dict[str, list[Completion]] = {}
-                for completion, request in ready:
+                for completion, request in await self._waiting(completions):
                     by_address.setdefault(request.reply_to, []).append(completion)
                 for address, answers in by_address.items():
                     for batch in split_completions(answers):
@@ -226,8 +220,8 @@ class RolloutActor(RolloutWeights):
         while True:
             await self._sample_snapshots(await self._waiting(queue_out), tokenizer, generator, completions)
 
-    async def _waiting(self, queue_out) -> list[GenerationRequest]:
-        """The requests waiting in ``queue_out``, up to ``max_batch`` (waits for the first)."""
+    async def _waiting(self, queue_out) -> list:
+        """What is waiting in ``queue_out`` (requests, or answers to send), up to ``max_batch`` (waits for the first)."""
         batch = [await queue_out.receive()]
         while len(batch) < self.cfg.max_batch:
             try:

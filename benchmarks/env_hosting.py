@@ -1,6 +1,7 @@
 """Environment hosting: can one env actor keep 1,000 episodes stepping faster than GEM's own vector env?
 
     python benchmarks/env_hosting.py [--quick] [--episodes 1000] [--steps 60000] [--rounds 3] [--transport memory|zmq]
+    python benchmarks/env_hosting.py --profile FILE [--steps 8000]   # the generation path under cProfile
 
 Side by side, in one run, on the same GEM game (``game:GuessTheNumber-v0-easy``) and the same number of
 environment steps, with a scripted policy (a random guess; no model):
@@ -8,20 +9,25 @@ environment steps, with a scripted policy (a random guess; no model):
 - GEM: ``AsyncVectorEnv`` (GEM's thread-pool vector env) of ``--episodes`` environments, stepped with a
   batch of actions at a time.
 - tidal: one ``EnvActor`` hosting ``--episodes`` concurrent episodes of the same game through the GEM
-  adapter, each a trio task, the same scripted policy (GEM's own random action) in the seat. The two take
-  turns for ``--rounds`` rounds and the medians count (the machine's load changes; GEM's thousand threads
-  suffer most from it).
-- then, for scale: the same episodes with every move asked of a scripted rollout actor over tidal's streams
-  (tokenized prompt, generation request, completion, an Arrow episode to a sink), as in a training run.
+  adapter, each a trio task, the same scripted policy (GEM's own random action) in the seat.
+- tidal's generation path: the same episodes with every move asked of a scripted rollout actor over tidal's
+  streams (tokenized prompt, generation requests many to a frame, completions, an Arrow episode to a sink), as
+  in a training run.
 
+The three take turns for ``--rounds`` rounds and the medians count (the machine's load changes; GEM's thousand
+threads suffer most from it). What the process loaded (torch, transformers, GEM) is frozen out of the garbage
+collector's reach before anything is timed, as an env actor does when it starts, so that GEM and tidal run alike.
 Then the steps/s of each tidal game and task on its own (random legal play, no actor).
-The last line is ``vs_gem=<tidal steps/s over GEM's> tidal_steps_per_s=<n>``.
+The last line is ``vs_gem=<x> generation_path_vs_gem=<x> tidal_steps_per_s=<n>``: tidal's steps/s over GEM's,
+the generation path's over GEM's, tidal's steps/s. ``--profile FILE``: only the generation path, under cProfile
+from its warm-up on, its top functions by own and by cumulative time printed and written to FILE.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import random
 import statistics
@@ -187,6 +193,11 @@ def main(argv=None) -> None:
 
     cfg = load_config([])  # the default job's tiny model: only its tokenizer is used
     model_dir = ensure_base_model(cfg.model.cache_dir, tiny_model_config(cfg))
+    import gem  # noqa: F401 (loaded before the freeze, as the env actors load it)
+
+    # An env actor freezes what it loaded (its first run, here): from then on no full collection walks torch and
+    # transformers, GEM's threads' included. Frozen before anything is timed, so that GEM and tidal run alike.
+    gc.freeze()
     if args.profile:
         return profile_generation_path(args.episodes, steps, args.transport, model_dir, 40, args.profile)
     # GEM and both tidal paths take turns, so a change in the machine's load falls on all three; medians of the rounds

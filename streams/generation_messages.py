@@ -12,6 +12,7 @@ requests, and its frame stays within its kind's limit (``wire.FRAME_LIMITS``): `
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,8 +42,9 @@ class Packed(list):
 
 def packed_bytes(lists, dtype: str) -> bytes:
     """The 4-byte values of ``lists`` (of numbers) one after another: what each ``Packed`` holds, the rest converted."""
-    return b"".join(values.packed if type(values) is Packed and len(values.packed) == 4 * len(values)
-                    else np.asarray(values, dtype).tobytes() for values in lists)
+    if all(type(values) is Packed and len(values.packed) == 4 * len(values) for values in lists):
+        return b"".join(values.packed for values in lists)
+    return np.asarray(list(itertools.chain.from_iterable(lists)), dtype).tobytes()
 
 
 @dataclass
