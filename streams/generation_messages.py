@@ -27,8 +27,7 @@ _BATCH_BYTES = 48 * 2**10  # what a batch's fields other than its token arrays m
 
 class Packed(list):
     """Numbers (a list, as any other) that also hold their little-endian 4-byte values, ``packed``: what a frame or
-    an Arrow column takes of them, made once (a prompt's ids when the prompt cache first encodes it, a completion's
-    arrays as they came off the wire). Made whole and never changed in place (a slice or a copy is a plain list);
+    an Arrow column takes of them, made once (a prompt's ids, when the prompt cache first encodes it). Made whole and never changed in place (a slice or a copy is a plain list);
     a reader that finds ``packed`` of another length than the list's ignores it."""
 
     __slots__ = ("packed",)
@@ -173,11 +172,10 @@ def decode_completions(body) -> list[Completion]:
     if lengths.min() < 0 or not int(lengths.sum()) == len(tokens) == len(logprobs) == len(versions):
         raise FrameError(f"completion with {len(tokens)} tokens, {len(logprobs)} log-probs, {len(versions)} "
                          f"versions for lengths adding up to {int(lengths.sum())}")
-    ends = np.cumsum(lengths).tolist()
-    raw = bytes(f["tokens"]), bytes(f["logprobs"]), bytes(f["versions"])
-    lists = tokens.tolist(), logprobs.tolist(), versions.tolist()
-    return [Completion(request_id, *(Packed.of(values[end - n:end], buf[4 * (end - n):4 * end])
-                                     for values, buf in zip(lists, raw)), bool(done), error)
+    ends = np.cumsum(lengths).tolist()  # (a completion's few numbers as plain lists: cheaper than keeping bytes)
+    tokens, logprobs, versions = tokens.tolist(), logprobs.tolist(), versions.tolist()
+    return [Completion(request_id, tokens[end - n:end], logprobs[end - n:end], versions[end - n:end], bool(done),
+                       error)
             for request_id, n, end, done, error in zip(ids.tolist(), lengths.tolist(), ends, finished, errors)]
 
 

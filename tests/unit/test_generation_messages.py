@@ -86,11 +86,10 @@ def test_packed_numbers_make_the_same_frames_and_columns_as_plain_lists():
     assert prompt == [5, 300, 7] and type(prompt[1:]) is list  # a list like any other; a slice is a plain one
     plain = GenerationRequest(1, "mem://a", "main", [5, 300, 7])
     assert encode_requests([GenerationRequest(1, "mem://a", "main", prompt)]) == encode_requests([plain])
-    completions = decode_completions(encode_completions([Completion(1, [4, 5], [-0.5, -1.0], [2, 2], True)]))
-    assert all(type(values) is Packed for values in completions[0].__dict__.values() if isinstance(values, list))
+    logprobs = Packed.of([-0.5, -1.0], np.asarray([-0.5, -1.0], "<f4").tobytes())
     stale = Packed.of([1, 2], b"\0" * 4)  # its bytes say less than its list: ignored
-    rows = [{**_row(0, 0), Columns.PROMPT_IDS: prompt, Columns.ACTION_IDS: completions[0].token_ids,
-             Columns.BEHAVIOUR_LOGPROBS: completions[0].logprobs, Columns.POLICY_VERSIONS: stale}, _row(1, 1)]
+    rows = [{**_row(0, 0), Columns.PROMPT_IDS: prompt, Columns.BEHAVIOUR_LOGPROBS: logprobs,
+             Columns.POLICY_VERSIONS: stale}, {**_row(1, 1), Columns.BEHAVIOUR_LOGPROBS: Packed.of([0.5], b"\0\0\0?")}]
     plain_rows = [{name: list(value) if isinstance(value, list) else value for name, value in row.items()}
                   for row in rows]
     assert trajectory_table(rows).equals(trajectory_table(plain_rows))
