@@ -65,6 +65,7 @@ class MetricsLog:
         self.rows: list[dict] = []
         self.counters = ContinuedCounters()
         self.restarts = 0
+        self.tensorboard = None  # a TensorBoardLog (tensorboard.py): each row goes to it too
 
     def restarted(self, name: str) -> None:
         """``name`` died and was restarted: what it had counted stays in the totals (no negative rates)."""
@@ -167,6 +168,8 @@ class MetricsLog:
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.write(row)
         return row
 
 
@@ -204,7 +207,7 @@ def plot_learning_curve(evaluations: list[dict], rows: list[dict], path: Path, o
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, ((ax1, ax2), (ax4, ax5)) = plt.subplots(2, 2, figsize=(11, 8))
     minutes = [e["minute"] for e in evaluations]
     ax1.plot(minutes, [e["nonloss"] for e in evaluations], "o-", label="non-loss, mean of seats")
     for seat in sorted({s for e in evaluations for s in e["nonloss_by_seat"]}):
@@ -226,6 +229,30 @@ def plot_learning_curve(evaluations: list[dict], rows: list[dict], path: Path, o
     ax3.set_ylabel("policy version")
     lines = ax2.get_lines() + ax3.get_lines()
     ax2.legend(lines, [line.get_label() for line in lines], loc="upper right", fontsize=8)
+    plot_system(ax4, ax5, rows)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_system(staleness_ax, system_ax, rows: list[dict]) -> None:
+    """The run's system figures over time: the staleness of each batch's tokens (and the bound eta), the
+    learner's busy and the rollout actors' idle fractions, and episodes/s."""
+    def series(key):
+        shown = [r for r in rows if r.get(key) is not None]
+        return [r["elapsed_s"] / 60 for r in shown], [r[key] for r in shown]
+
+    for key, style in (("staleness_mean", "-"), ("staleness_max", ":"), ("eta", "--")):
+        staleness_ax.plot(*series(key), style, label=key)
+    staleness_ax.set(xlabel="minutes", ylabel="versions", title="staleness of the trained tokens")
+    staleness_ax.grid(alpha=0.3)
+    staleness_ax.legend(loc="upper right", fontsize=8)
+    for key in ("learner_busy", "rollout_idle"):
+        system_ax.plot(*series(key), label=key)
+    system_ax.set(xlabel="minutes", ylabel="fraction", ylim=(0, 1.02), title="utilisation and throughput")
+    system_ax.grid(alpha=0.3)
+    rate_ax = system_ax.twinx()
+    rate_ax.plot(*series("episodes_per_s"), color="gray", label="episodes/s")
+    rate_ax.set_ylabel("episodes/s")
+    lines = system_ax.get_lines() + rate_ax.get_lines()
+    system_ax.legend(lines, [line.get_label() for line in lines], loc="lower right", fontsize=8)
