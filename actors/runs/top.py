@@ -39,7 +39,9 @@ def read_rows(run_dir: Path) -> list[dict]:
 def run_state(run_dir: Path) -> str:
     if (run_dir / CONTROL_FILE).exists():
         return "running"
-    return "finished" if (run_dir / "summary.json").exists() else "starting"
+    if (run_dir / "summary.json").exists():
+        return "finished"
+    return "not running, no summary" if (run_dir / "metrics.jsonl").exists() else "starting"
 
 
 def fmt(value, digits: int = 3) -> str:
@@ -130,8 +132,9 @@ def render(run_dir: str | Path):
     title = f"tidal top: {run_dir.name} ({run_state(run_dir)}, {len(rows)} metrics rows)"
     if not rows:
         return Panel("no metrics yet: the run is starting", title=title)
-    parts = [figures(row, run_dir), actors_table(row, summary), staleness_histogram(row.get("staleness_total")),
-             evaluations_table(rows)]
+    side = Table.grid(padding=(0, 4))
+    side.add_row(figures(row, run_dir), Group(actors_table(row, summary), staleness_histogram(row.get("staleness_total"))))
+    parts = [side, evaluations_table(rows)]
     league = league_table(row)
     if league is not None:
         parts.append(league)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import duckdb
 import pytest
 import torch
 
@@ -67,6 +68,18 @@ def test_a_killed_run_resumes_at_its_checkpointed_version(tiny_model_dir, tmp_pa
     held, batches = spill.load()
     lives = {episode_life(i) for i in [*held, *spill.state.consumed, *(i for ids in batches.values() for i in ids)]}
     assert lives <= {taken["life"], summary["life"]} and summary["life"] in lives
+    # the episode dataset holds every episode the checkpointed learner trained, across the kill, exactly once:
+    # the killed life's batches past its checkpoint were removed (replay took their episodes over)
+    files = f"{run}/episodes/*/*/*.parquet"
+    per_life = dict(duckdb.sql(f"select life, count(distinct episode_id) from read_parquet('{files}') group by life"
+                               ).fetchall())
+    assert set(per_life) == {taken["life"], summary["life"]}, per_life
+    trained = torch.load(find_checkpoint(run / "policy") / TRAINER_STATE, weights_only=True)["totals"]["episodes"]
+    twice = duckdb.sql(f"select episode_id from read_parquet('{files}') group by episode_id "
+                       "having count(distinct (life, batch_seq)) > 1").fetchall()
+    assert sum(per_life.values()) == trained and twice == []
+    last_batch = duckdb.sql(f"select max(batch_seq) from read_parquet('{files}') where life = '{taken['life']}'")
+    assert last_batch.fetchall()[0][0] <= taken["after"]  # nothing past the checkpoint the resume went on from
 
 
 def test_resume_names_what_is_missing(tmp_path):
