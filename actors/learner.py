@@ -371,6 +371,7 @@ class LearnerActor:
                 "dropped_frames": dropped, "busy": busy, "snapshots": list(self.snapshots), "resets": list(self.resets),
                 "staleness_hist": {str(k): self._staleness[k] for k in sorted(self._staleness)},
                 "weights": self._weights.statistics() if self._weights else {},
+                "dataset": dict(self.dataset.written) if self.dataset else {},
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}
 
 

@@ -13,8 +13,9 @@ before and after training and do not enter the rate. Ends with:
     overhead=<1 - episodes/s on / off> tb_tags=<distinct tags read back> parquet_episodes=<distinct episode ids>
     trained_episodes=<episodes the learner trained> parquet_match=<1: equal, and no id in two batches; else 0>
 
-(tb_tags: the fewest any "on" run gave back; the episode counts: summed over the "on" runs.) `--quick`: one pair
-of one-minute runs (about four minutes).
+(tb_tags: the fewest any "on" run gave back; the episode counts: summed over the "on" runs.) Before it, each
+"on" run's CPU time in the dataset's thread and the TensorBoard writes, as a share of one core: a measure of the
+cost that the machine's load does not blur. `--quick`: one pair of one-minute runs (about five minutes).
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ def episodes_per_s(run: Path, minutes: float) -> float:
     return (inside[-1]["episodes"] - inside[0]["episodes"]) / (inside[-1]["time"] - inside[0]["time"])
 
 
+def observe_cpu_share(run: Path) -> float:
+    """The CPU time the dataset's thread and the TensorBoard writes took, as a share of one core over the run's
+    training (their own measurement: it does not move with the machine's load as episodes/s does)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-1]
+    return ((last.get("dataset_cpu_s") or 0.0) + (last.get("tensorboard_cpu_s") or 0.0)) / max(last["elapsed_s"], 1e-9)
+
+
 def tensorboard_tags(run: Path) -> int:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -73,7 +82,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one pair of one-minute runs")
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--minutes", type=float, default=1.5, help="training budget of each run")
+    parser.add_argument("--minutes", type=float, default=1.0, help="training budget of each run")
     parser.add_argument("--out", default="runs/observability")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args()
@@ -91,6 +100,9 @@ def main() -> int:
                 on_runs.append(run)
     mean_on, mean_off = (sum(rates[k]) / len(rates[k]) for k in (True, False))
     print(f"mean episodes/s: on {mean_on:.2f}  off {mean_off:.2f}  on/off {mean_on / mean_off:.3f}")
+    shares = [observe_cpu_share(run) for run in on_runs]
+    print(f"observe_cpu_share (dataset thread + TensorBoard writes, of one core): "
+          f"{' '.join(f'{x:.4f}' for x in shares)}")
     accounts = [dataset_accounts(run) for run in on_runs]
     episodes, twice, trained = (sum(a[i] for a in accounts) for i in range(3))
     match = int(twice == 0 and all(a[0] == a[2] for a in accounts))

@@ -142,7 +142,8 @@ class MetricsLog:
                "reissued_requests": sum(s.get("reissued_requests", 0) for s in envs),
                "duplicate_completions": sum(s.get("duplicate_completions", 0) for s in envs),
                "staleness_total": learner.get("staleness_hist", {}),
-               "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values())}
+               "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values()),
+               "dataset_cpu_s": learner.get("dataset", {}).get("cpu_s")}
         row.update(stream_totals([s for actor in stats.values() for s in actor.get("streams", {}).values()]))
         if extra:
             row.update(extra)
@@ -165,6 +166,8 @@ class MetricsLog:
             row["evaluation"] = evaluation
         if rates:
             self._last = (now, totals)
+        if self.tensorboard is not None:  # what watching has cost the driver so far, measured
+            row["tensorboard_cpu_s"] = self.tensorboard.cpu_s
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")

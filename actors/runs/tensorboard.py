@@ -14,6 +14,7 @@ The step is the run's elapsed training seconds.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ SECTIONS = {
     "throughput": ("episodes_per_s", "tokens_per_s", "episodes", "turns", "tokens", "trained_episodes",
                    "live_episodes", "train_episodes", "version", "data_cursor"),
     "system": ("learner_busy", "learner_train_s", "rollout_idle", "queue_requests", "queue_replay", "rollout_actors",
-               "env_actors", "dropped_frames"),
+               "env_actors", "dropped_frames", "dataset_cpu_s"),
     "faults": ("restarts", "rejected_episodes", "rejected_turns", "reissued_requests", "duplicate_completions",
                "guard_trips", "guard_cooldown", "restarts_by_actor", "scale_events"),
     "staleness": ("staleness_mean", "staleness_max", "eta", "is_ess", "is_weight_mean", "is_outside_share",
@@ -32,7 +33,7 @@ SECTIONS = {
 }
 SECTION_OF = {key: section for section, keys in SECTIONS.items() for key in keys}
 HISTOGRAMS = {"staleness_hist": "staleness/batch_tokens", "staleness_total": "staleness/all_tokens"}
-SKIPPED = {"time", "elapsed_s", "evaluation"}
+SKIPPED = {"time", "elapsed_s", "evaluation", "tensorboard_cpu_s"}
 
 
 def section(key: str) -> str:
@@ -58,8 +59,14 @@ class TensorBoardLog:
         self.dir = Path(run_dir) / TENSORBOARD_DIR
         self.writer = SummaryWriter(str(self.dir), flush_secs=5)
         self.tags: set[str] = set()
+        self.cpu_s = 0.0  # the driver's CPU time spent writing (the writer's own flushing thread aside)
 
     def write(self, row: dict) -> None:
+        started = time.thread_time()
+        self._write(row)
+        self.cpu_s += time.thread_time() - started
+
+    def _write(self, row: dict) -> None:
         step, walltime = int(round(row.get("elapsed_s", 0.0))), row.get("time")
         for key, value in row.items():
             if key in SKIPPED:

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from actors.cli import main
 from actors.runs.top import render
+from tests.integration.topology import dataset_accounts
 
 pytestmark = pytest.mark.ray
 
@@ -85,8 +86,6 @@ def read_lines(path) -> list[str]:
 def check_tensorboard_and_dataset(run) -> None:
     """The run's TensorBoard events read back with TensorBoard's reader; its episode dataset with DuckDB: every
     episode the learner trained (its final checkpoint's count) exactly once."""
-    import duckdb
-    import torch
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run / "tensorboard"))
@@ -94,11 +93,8 @@ def check_tensorboard_and_dataset(run) -> None:
     tags = events.Tags()
     assert len(tags["scalars"]) >= 20 and "staleness/batch_tokens" in tags["histograms"], tags
     assert events.Scalars("throughput/version")[-1].value >= 3
-    trained = torch.load(run / "policy" / "trainer_state.pt", weights_only=True)["totals"]["episodes"]
-    files = f"{run}/episodes/*/*/*.parquet"
-    found, once = duckdb.sql(f"select count(distinct episode_id), count(distinct (episode_id, life, batch_seq)) "
-                             f"from read_parquet('{files}')").fetchall()[0]
-    assert found == once == trained > 0
+    accounts = dataset_accounts(run)
+    assert sum(accounts["per_life"].values()) == accounts["trained"] > 0 and accounts["twice"] == [], accounts
 
 
 def test_a_bad_override_fails_with_a_clear_message(capsys):

@@ -14,6 +14,7 @@ import torch
 from actors.cli import load_config
 from actors.learner import TRAINER_STATE, find_checkpoint
 from actors.spill import Spill, episode_life
+from tests.integration.topology import dataset_accounts
 
 SMALL = ["replay.args.batch_episodes=8", "replay.args.capacity_episodes=16", "env.args.concurrency=8",
          "eval.games_per_seat=4", "eval.endpoint_games_per_seat=4", "eval.every_s=0", "sampling.max_new_tokens=4",
@@ -70,14 +71,10 @@ def test_a_killed_run_resumes_at_its_checkpointed_version(tiny_model_dir, tmp_pa
     assert lives <= {taken["life"], summary["life"]} and summary["life"] in lives
     # the episode dataset holds every episode the checkpointed learner trained, across the kill, exactly once:
     # the killed life's batches past its checkpoint were removed (replay took their episodes over)
+    accounts = dataset_accounts(run)
+    assert set(accounts["per_life"]) == {taken["life"], summary["life"]}, accounts
+    assert sum(accounts["per_life"].values()) == accounts["trained"] and accounts["twice"] == [], accounts
     files = f"{run}/episodes/*/*/*.parquet"
-    per_life = dict(duckdb.sql(f"select life, count(distinct episode_id) from read_parquet('{files}') group by life"
-                               ).fetchall())
-    assert set(per_life) == {taken["life"], summary["life"]}, per_life
-    trained = torch.load(find_checkpoint(run / "policy") / TRAINER_STATE, weights_only=True)["totals"]["episodes"]
-    twice = duckdb.sql(f"select episode_id from read_parquet('{files}') group by episode_id "
-                       "having count(distinct (life, batch_seq)) > 1").fetchall()
-    assert sum(per_life.values()) == trained and twice == []
     last_batch = duckdb.sql(f"select max(batch_seq) from read_parquet('{files}') where life = '{taken['life']}'")
     assert last_batch.fetchall()[0][0] <= taken["after"]  # nothing past the checkpoint the resume went on from
 

@@ -65,8 +65,10 @@ def test_a_dataset_write_that_fails_is_said_at_the_next_add(tmp_path):
     (tmp_path / "life1" / "main").write_text("a file where the member's folder goes")
     dataset = EpisodeDataset(tmp_path, "life1", "main")
     dataset.add(batch(["a"], 0), 1, 0)
-    with pytest.raises(RuntimeError, match="episode dataset under"):
-        dataset.flush()
+    dataset.flush()  # a checkpoint waits for the write, not on its outcome
+    with pytest.raises(RuntimeError, match="episode dataset under .* failed"):  # the learner's next batch
+        dataset.add(batch(["b"], 1), 2, 1)
+    dataset.close()
 
 
 def rows(n: int = 4) -> list[dict]:
