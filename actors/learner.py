@@ -25,7 +25,8 @@ The data cursor: replay numbers its batches (1, 2, ... in a run's ``data_life``)
 that order, exactly once, and its checkpoint records the last number it consumed. A batch numbered at or below
 the cursor (sent again after a restart) is dropped and counted, and so is one that comes early (after a
 restart, before replay's ``rewind`` sends the missing ones in order). A restarted learner thus goes on from its
-checkpoint with the batches after it, and with the same random state: it retrains them as before.
+checkpoint with the batches after it, and with the same random state: it retrains them as before. With a
+``dataset_dir`` each trained batch is also written as Parquet, once, by a thread (``actors/dataset.py``).
 
 In a league, ``snapshot(root)`` asks for a frozen snapshot of the policy (``actors/engines/snapshots.py``): it is
 written between two updates, as ``<root>/<policy_id>-v<version>``, and listed in ``statistics()["snapshots"]``.
