@@ -32,7 +32,9 @@ SECTIONS = {
     "train": ("train_return", "invalid_rate", "invalid_share", "train_return_sum", "invalid_actions"),
 }
 SECTION_OF = {key: section for section, keys in SECTIONS.items() for key in keys}
-HISTOGRAMS = {"staleness_hist": "staleness/batch_tokens", "staleness_total": "staleness/all_tokens"}
+# key -> (tag, whether its counts are keyed by bins' upper edges; else by integer values)
+HISTOGRAMS = {"staleness_hist": ("staleness/batch_tokens", False), "staleness_total": ("staleness/all_tokens", False),
+              "is_weight_hist": ("staleness/importance_weights", True)}
 SKIPPED = {"time", "elapsed_s", "evaluation", "tensorboard_cpu_s"}
 
 
@@ -72,7 +74,7 @@ class TensorBoardLog:
             if key in SKIPPED:
                 continue
             if key in HISTOGRAMS and isinstance(value, dict):
-                self._histogram(HISTOGRAMS[key], value, step, walltime)
+                self._histogram(*HISTOGRAMS[key], value, step, walltime)
             else:
                 self._scalars(f"{section(key)}/{key}", value, step, walltime)
         if row.get("evaluation"):
@@ -97,15 +99,17 @@ class TensorBoardLog:
             for key, inner in value.items():
                 self._scalars(f"{tag}/{key}", inner, step, walltime)
 
-    def _histogram(self, tag: str, counts: dict, step: int, walltime) -> None:
-        """A histogram of integer values (staleness in versions) from their counts."""
-        values = sorted((int(k), int(n)) for k, n in counts.items() if int(n) > 0)
+    def _histogram(self, tag: str, binned: bool, counts: dict, step: int, walltime) -> None:
+        """A histogram from counts: of integer values (staleness in versions: each bucket ends half a version
+        above its value), or (``binned``) of bins keyed by their upper edges (importance weights)."""
+        values = sorted((float(k), int(n)) for k, n in counts.items() if int(n) > 0)
         if not values:
             return
+        limits = [k if binned else k + 0.5 for k, _ in values]
         total = sum(n for _, n in values)
         self.writer.add_histogram_raw(
             tag, min=values[0][0], max=values[-1][0], num=total, sum=float(sum(k * n for k, n in values)),
-            sum_squares=float(sum(k * k * n for k, n in values)), bucket_limits=[k + 0.5 for k, _ in values],
+            sum_squares=float(sum(k * k * n for k, n in values)), bucket_limits=limits,
             bucket_counts=[n for _, n in values], global_step=step, walltime=walltime)
         self.tags.add(tag)
 

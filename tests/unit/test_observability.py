@@ -79,7 +79,8 @@ def rows(n: int = 4) -> list[dict]:
                     "queue_requests": 3, "queue_replay": 7, "rollout_actors": 2, "env_actors": 1, "restarts": 1,
                     "restarts_by_actor": {"rollout-1": 1}, "scale_events": 1, "trained_episodes": 90 * k,
                     "staleness_mean": 1.25, "staleness_max": 2, "staleness_hist": {"0": 5, "2": 3},
-                    "staleness_total": {"0": 50, "1": 30, "2": 20}, "pg_loss": -0.1, "lr": 2.5e-4, "eta": 2,
+                    "staleness_total": {"0": 50, "1": 30, "2": 20}, "is_weight_hist": {"0.7071": 4, "1": 90, "2": 6},
+                    "pg_loss": -0.1, "lr": 2.5e-4, "eta": 2,
                     "train_return": 0.3, "invalid_rate": 0.02, "ratings": {"main": 3.5, "exploiter": 1.25},
                     "versions": {"main": 10 * k}, "matches": 40 * k})
     out[-1]["evaluation"] = {"tag": "during-1", "minute": 0.25, "player": "main", "opponent": "random",
@@ -100,12 +101,15 @@ def test_every_metric_of_a_row_reaches_tensorboard(tmp_path):
             "faults/restarts_by_actor/rollout-1", "staleness/staleness_mean", "loss/lr", "train/train_return",
             "league/ratings/main", "league/ratings/exploiter", "eval/main_vs_random/nonloss",
             "eval/main_vs_random/seat1"} <= scalars
-    assert histograms == {"staleness/batch_tokens", "staleness/all_tokens"} and board.tags == scalars | histograms
+    assert histograms == {"staleness/batch_tokens", "staleness/all_tokens", "staleness/importance_weights"}
+    assert board.tags == scalars | histograms
     assert [(e.step, e.value) for e in events.Scalars("throughput/episodes_per_s")] == [(0, 20), (5, 21), (10, 22),
                                                                                        (15, 23)]
     assert [(e.step, e.value) for e in events.Scalars("eval/main_vs_random/nonloss")] == [(15, 0.8125)]
     last = events.Histograms("staleness/all_tokens")[-1].histogram_value
     assert (last.num, last.min, last.max, list(last.bucket)) == (100, 0, 2, [50, 30, 20])
+    weights = events.Histograms("staleness/importance_weights")[-1].histogram_value
+    assert list(weights.bucket_limit) == pytest.approx([0.7071, 1, 2]) and list(weights.bucket) == [4, 90, 6]
 
 
 def test_top_shows_a_recorded_runs_figures(tmp_path):
