@@ -113,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     stop = commands.add_parser("stop", help="end a running run cleanly (metrics, checkpoint, final evaluation, summary)")
     stop.add_argument("--run", help="the run directory (default: the latest running run under runs/)")
     stop.add_argument("--now", action="store_true", help="skip the final evaluation (as Ctrl-C does)")
+    top = commands.add_parser("top", help="a live dashboard of a running or finished run (no Ray needed)")
+    top.add_argument("run", nargs="?", help="the run directory (default: the latest run under runs/)")
+    top.add_argument("--once", action="store_true", help="print one screen and exit")
+    export = commands.add_parser("export", help="write a run's trained episodes as Parquet, from its replay spill")
+    export.add_argument("run", help="the run directory")
+    export.add_argument("--out", help="where (default: the run's episodes/, which must not hold a dataset yet)")
     league = commands.add_parser("league", help="self-play leagues: run one, or print a run's league table")
     league_commands = league.add_subparsers(dest="league_command", required=True)
     league_run = league_commands.add_parser("run", help="run a league (configs/league.yaml)")
@@ -124,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         return scale_command(args.counts, args.run)
     if args.command == "stop":
         return stop_command(args.run, evaluate=not args.now)
+    if args.command in ("top", "export"):
+        return top_command(args.run, args.once) if args.command == "top" else export_command(args.run, args.out)
     if args.command == "envs":
         from envs.registry import listing
 
@@ -184,6 +192,42 @@ def stop_command(run_dir: str | None, evaluate: bool = True) -> int:
         return 2
     print(f"{run}: {answer.message}")
     return 0 if answer.ok else 1
+
+
+def top_command(run: str | None, once: bool) -> int:
+    """``tidal top``: the run's screen, redrawn until it finishes (``once``: printed once)."""
+    from rich.console import Console
+
+    from actors.runs.top import find_run, render, watch
+
+    try:
+        run_dir = find_run(run)
+    except FileNotFoundError as error:
+        print(f"tidal top: {error}", file=sys.stderr)
+        return 2
+    if once:
+        Console().print(render(run_dir))
+    else:
+        try:
+            watch(run_dir)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def export_command(run: str, out: str | None) -> int:
+    """``tidal export``: a run's trained episodes from its spill, as the episode dataset."""
+    from actors.runs.export import export_run
+
+    try:
+        counts = export_run(run, out)
+    except (FileNotFoundError, FileExistsError, ValueError) as error:
+        print(f"tidal export: {error}", file=sys.stderr)
+        return 2
+    print(f"{counts['episodes']} trained episodes in {counts['batches']} batches written to {counts['dir']}; not "
+          f"written: {counts['compacted']} episodes the spill had compacted (ids only), "
+          f"{counts['incomplete_batches']} batches naming an episode not on disk")
+    return 0
 
 
 def parse_count(text: str) -> tuple[str, int]:

@@ -36,7 +36,7 @@ BUILT = {
                 "admission_offset", "ledger_dir", "life", "tasks_dir"),
     RolloutConfig: ("model_path", "policy_id", "backend", "seed", "snapshot_dir"),
     LearnerConfig: ("model_path", "policy_id", "temperature", "max_staleness", "save_dir", "checkpoint_every",
-                    "resume", "data_life", "life", "seed", "budget_s", "budget_versions", "ranks"),
+                    "resume", "data_life", "life", "seed", "budget_s", "budget_versions", "ranks", "dataset_dir"),
     ReplayConfig: ("spill_dir", "checkpoint_dir", "resume", "vocab_size"),
     LeagueConfig: ("members", "state_dir", "resume", "seed"),
     RewardConfig: ("tokenizer_path",),
@@ -201,6 +201,12 @@ class EvalSection:
 
 
 @dataclass
+class ObserveSection:
+    tensorboard: bool = True  # every metric as it is measured, as TensorBoard events under <run dir>/tensorboard
+    dataset: bool = True  # every trained episode as Parquet under <run dir>/episodes/<life>/<member>/
+
+
+@dataclass
 class Member:
     id: str
     role: str = "main"
@@ -226,6 +232,7 @@ class RunConfig:
     replay: ReplayGroup = field(default_factory=ReplayGroup)
     learner: LearnerGroup = field(default_factory=LearnerGroup)
     eval: EvalSection = field(default_factory=EvalSection)
+    observe: ObserveSection = field(default_factory=ObserveSection)
     league: Optional[LeagueSection] = None  # set: a league of these members (tidal league run)
 
     def members(self) -> list[Member]:

@@ -107,24 +107,28 @@ async def _play(game, seats: list[str], turns: _Turns, episode_id: str, seed: in
     fixed = [make_opponent(name, seed=seed + s) if name in OPPONENTS else None for s, name in enumerate(seats)]
     episode = turns.episode_columns(episode_id, seats, seed, learner) if None in fixed else None  # rows share it
     credit = RewardCredit(game.num_players)
-    failure = None
-    async with trio.open_nursery() as nursery:  # for moves asked ahead (``_Asked``)
-        try:
-            result = await _turns(game, seats, turns, fixed, episode, credit, learner, nursery)
-        except Exception as error:  # raised as itself, not inside the nursery's exception group
-            failure = error
-        finally:
-            nursery.cancel_scope.cancel()  # moves asked for seats the episode ended before
-    if failure is not None:
-        raise failure
+    if getattr(game, "simultaneous_players", None) is None:  # no move is asked ahead: no nursery to open
+        result = await _turns(game, seats, turns, fixed, episode, credit, learner, None)
+    else:
+        failure = None
+        async with trio.open_nursery() as nursery:  # for moves asked ahead (``_Asked``)
+            try:
+                result = await _turns(game, seats, turns, fixed, episode, credit, learner, nursery)
+            except Exception as error:  # raised as itself, not inside the nursery's exception group
+                failure = error
+            finally:
+                nursery.cancel_scope.cancel()  # moves asked for seats the episode ended before
+        if failure is not None:
+            raise failure
     credit.finish(result)
     turns.counts.finished(credit.returns)
     return credit.rows, credit.returns
 
 
 async def _turns(game, seats: list[str], turns: _Turns, fixed: list, episode: dict | None, credit: RewardCredit,
-                 learner: str | None, nursery: trio.Nursery) -> StepResult:
-    """The episode's moves until it ends; its last step's result."""
+                 learner: str | None, nursery: trio.Nursery | None) -> StepResult:
+    """The episode's moves until it ends; its last step's result. ``nursery``: where moves asked ahead run (None
+    for a game without ``simultaneous_players``)."""
     roles = getattr(game, "roles", None)  # seat -> role, where the game names roles
     simultaneous = getattr(game, "simultaneous_players", None)
     asked: dict[int, _Asked] = {}  # seats whose move was asked together with the current one's

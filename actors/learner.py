@@ -25,7 +25,8 @@ The data cursor: replay numbers its batches (1, 2, ... in a run's ``data_life``)
 that order, exactly once, and its checkpoint records the last number it consumed. A batch numbered at or below
 the cursor (sent again after a restart) is dropped and counted, and so is one that comes early (after a
 restart, before replay's ``rewind`` sends the missing ones in order). A restarted learner thus goes on from its
-checkpoint with the batches after it, and with the same random state: it retrains them as before.
+checkpoint with the batches after it, and with the same random state: it retrains them as before. With a
+``dataset_dir`` each trained batch is also written as Parquet, once, by a thread (``actors/dataset.py``).
 
 In a league, ``snapshot(root)`` asks for a frozen snapshot of the policy (``actors/engines/snapshots.py``): it is
 written between two updates, as ``<root>/<policy_id>-v<version>``, and listed in ``statistics()["snapshots"]``.
@@ -47,6 +48,7 @@ import torch
 import trio
 
 from actors.checkpoints import load_trainer_state
+from actors.dataset import EpisodeDataset
 from actors.engines.devices import check_device, check_dtype
 from actors.engines.snapshots import snapshot_id
 from actors.microbatches import Shard
@@ -87,6 +89,7 @@ class LearnerConfig:
     checkpoint_every: int = 0  # versions between checkpoints (0: only when the learner stops)
     resume: bool = False  # continue from the checkpoint in save_dir
     data_life: str = ""  # the replay spill's life: a checkpoint's data cursor counts only within the same life
+    dataset_dir: str | None = None  # every trained batch as Parquet, by life and policy (actors/dataset.py)
     life: int = 0  # this start of the learner in the run's life (0 the first; the driver counts the restarts)
     seed: int = 0
 
@@ -145,6 +148,8 @@ class LearnerActor:
         self._snapshot_roots = None  # where snapshots were asked for (a memory channel once running)
         self.snapshots: list[dict] = []  # {"id", "version", "path"} of every snapshot written
         self.resets: list[int] = []  # the versions that started again from the base model
+        self.dataset: EpisodeDataset | None = None  # cfg.dataset_dir: each trained batch, written by its thread
+        self._checkpoint_cursor: dict = {}  # the cursor of the checkpoint this learner started from
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         checkpoint = self._checkpoint()
@@ -154,6 +159,9 @@ class LearnerActor:
         else:
             await trio.to_thread.run_sync(self._load, checkpoint)
         policy = self.cfg.policy_id.encode()
+        if self.cfg.dataset_dir:  # less what was trained past the checkpoint: trained again (actors/dataset.py)
+            self.dataset = EpisodeDataset.opened(self.cfg, self._checkpoint_cursor,
+                                                 lambda ids: self.trainer.tokenizer.batch_decode(ids))
         async with (
             transport.open_receiver(capacity=1) as batches,
             transport.open_publisher(capacity=16) as publisher,
@@ -191,7 +199,10 @@ class LearnerActor:
                         if table is None:
                             continue
                         async with model_lock:
+                            trained_at = self.version
                             stats = await trio.to_thread.run_sync(self._update, table)
+                            if self.dataset is not None:  # written by the dataset's thread
+                                self.dataset.add(table, self.cursor if seq is not None else trained_at, trained_at)
                             await self._publish(versions_out)
                             self.history.append(stats)
                             every = self.cfg.checkpoint_every
@@ -202,6 +213,8 @@ class LearnerActor:
                 with trio.CancelScope(shield=True):
                     if self.cfg.save_dir:
                         await trio.to_thread.run_sync(self._save)
+                    if self.dataset is not None:
+                        await trio.to_thread.run_sync(self.dataset.close)
                     await trio.to_thread.run_sync(trainer.stop_group)
 
     def snapshot(self, root: str, reset: bool = False) -> None:
@@ -277,6 +290,8 @@ class LearnerActor:
 
     def _save(self) -> None:
         """Write the policy and the trainer's state to a new directory, then swap it in for the last one."""
+        if self.dataset is not None:  # the checkpoint's cursor implies its batches' files
+            self.dataset.flush()
         final = Path(self.cfg.save_dir)
         fresh, old = final.with_name(final.name + ".new"), final.with_name(final.name + ".old")
         self.trainer.save(fresh, {
@@ -300,7 +315,7 @@ class LearnerActor:
         self._resumed_wall_s = state.get("wall_s", 0.0)
         self._staleness.update(state["staleness"])
         self.control.restore(state.get("staleness_control"))
-        cursor = state.get("cursor", {})
+        cursor = self._checkpoint_cursor = state.get("cursor", {})
         self.cursor = cursor["seq"] if cursor.get("life") == self.cfg.data_life else 0  # a new life numbers anew
 
     def _wall_s(self) -> float:
@@ -357,6 +372,7 @@ class LearnerActor:
                 "dropped_frames": dropped, "busy": busy, "snapshots": list(self.snapshots), "resets": list(self.resets),
                 "staleness_hist": {str(k): self._staleness[k] for k in sorted(self._staleness)},
                 "weights": self._weights.statistics() if self._weights else {},
+                "dataset": dict(self.dataset.written) if self.dataset else {},
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}
 
 

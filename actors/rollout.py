@@ -49,7 +49,8 @@ from actors.engines.snapshots import SnapshotError, load_snapshot, parse_snapsho
 from actors.engines.vllm_engine import VllmOptions
 from actors.rollout_weights import RolloutWeights
 from streams.weights import FetchedWeights, LearnerFeed, WeightsFollower
-from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, Completion, GenerationRequest
+from streams.messages import (VERSION_TOPIC, WEIGHTS_TOPIC, Completion, GenerationRequest, decode_requests,
+                             encode_completions, split_completions)
 from streams.replies import open_replies
 from streams.values import RequestChecks
 from streams.wire import Kind
@@ -130,7 +131,7 @@ class RolloutActor(RolloutWeights):
                                                                             WEIGHTS_TOPIC + policy]) as weights,
                 trio.open_nursery() as nursery,
             ):
-                self._inbox = Inbox(requests, Kind.GENERATE, GenerationRequest.from_body)
+                self._inbox = Inbox(requests, Kind.GENERATE, decode_requests)  # a batch of requests a frame
                 manifests = LearnerFeed(weights)  # versions and lives, and manifests, in order
                 self._follower = WeightsFollower(transport, shared_memory=self.cfg.weights_shared_memory)
                 self._streams = {"requests": self._inbox, "weights": manifests}
@@ -176,19 +177,25 @@ class RolloutActor(RolloutWeights):
 
     async def _queue_requests(self, queue_in, completions, vocab_size: int) -> None:
         while True:
-            request = await self._inbox.receive()
-            if refusal := self._checks.refusal(request, vocab_size):  # counted and logged; the env drops the episode
-                await completions.send((Completion.refused(request.request_id, refusal), request))
-            else:
-                await queue_in.send(request)
+            for request in await self._inbox.receive():
+                if refusal := self._checks.refusal(request, vocab_size):  # counted and logged; the env drops its episode
+                    await completions.send((Completion.refused(request.request_id, refusal), request))
+                else:
+                    await queue_in.send(request)
 
     async def _send_completions(self, completions, transport) -> None:
         """Each to its request's ``reply_to``, if the transport may connect there; a destination that takes nothing
-        holds up only its own replies, which are dropped after a deadline (`streams.replies`, counted)."""
+        holds up only its own replies, which are dropped after a deadline (`streams.replies`, counted). What is ready
+        together goes together: one frame of completions per destination."""
         async with open_replies(transport, Kind.COMPLETION, self.name) as replies:
             self._streams["replies"] = replies
-            async for completion, request in completions:
-                replies.post(request.reply_to, completion.to_body())
+            while True:
+                by_address: dict[str, list[Completion]] = {}
+                for completion, request in await self._waiting(completions):
+                    by_address.setdefault(request.reply_to, []).append(completion)
+                for address, answers in by_address.items():
+                    for batch in split_completions(answers):
+                        replies.post(address, encode_completions(batch))
 
     async def _serve_batches(self, queue_out, model, tokenizer, completions) -> None:
         """hf: sample what is waiting in one batch, after catching up with the batch's newest min_version."""
@@ -213,8 +220,8 @@ class RolloutActor(RolloutWeights):
         while True:
             await self._sample_snapshots(await self._waiting(queue_out), tokenizer, generator, completions)
 
-    async def _waiting(self, queue_out) -> list[GenerationRequest]:
-        """The requests waiting in ``queue_out``, up to ``max_batch`` (waits for the first)."""
+    async def _waiting(self, queue_out) -> list:
+        """What is waiting in ``queue_out`` (requests, or answers to send), up to ``max_batch`` (waits for the first)."""
         batch = [await queue_out.receive()]
         while len(batch) < self.cfg.max_batch:
             try:

@@ -23,6 +23,7 @@ from pathlib import Path
 from actors.config import RunConfig, built_args, run_budget
 from actors.env import EnvActor, EnvConfig
 from actors.league import LeagueActor, LeagueConfig
+from actors.dataset import DATASET_DIR
 from actors.learner import LearnerActor, LearnerConfig
 from actors.learner_rank import LearnerRankActor, RankConfig
 from actors.replay import ReplayActor, ReplayConfig
@@ -45,6 +46,7 @@ class Group:
     policy_dir: Path  # the learner's checkpoints
     spill_dir: Path  # replay's spill, a folder per life of the run
     model_path: str  # the member's starting model
+    dataset_dir: Path | None = None  # the run's episode dataset (observe.dataset), its learner writes
     suffix: str = ""  # of its actors' names: "" in a single run, "-<member>" in a league
     learner_ranks: list[str] = field(default_factory=list)  # ranks 1.. of its learner group (learner.ranks > 1)
     rollouts: list[str] = field(default_factory=list)
@@ -108,6 +110,7 @@ def plan_groups(cfg: RunConfig, model_path: str, run_dir: Path) -> dict[str, Gro
                                   policy_dir=run_dir / policy_dir(cfg, member.id),
                                   spill_dir=run_dir / "replay" / member.id if suffix else run_dir / "replay",
                                   model_path=str(member.model or model_path), suffix=suffix,
+                                  dataset_dir=run_dir / DATASET_DIR if cfg.observe.dataset else None,
                                   learner_ranks=[f"{learner}-rank{r}" for r in range(1, cfg.learner.ranks)])
     return groups
 
@@ -157,6 +160,7 @@ def learner_config(cfg: RunConfig, group: Group, life: str) -> LearnerConfig:
         model_path=group.model_path, policy_id=group.member, temperature=cfg.sampling.temperature,
         max_staleness=cfg.learner.max_staleness, save_dir=str(group.policy_dir), ranks=cfg.learner.ranks,
         checkpoint_every=cfg.learner.checkpoint_every, resume=bool(cfg.resume), data_life=life,
+        dataset_dir=str(group.dataset_dir) if group.dataset_dir else None,
         seed=cfg.run.seed + MEMBER_SEED_STRIDE * group.index, **run_budget(cfg), **built_args(cfg.learner.args))
 
 

@@ -25,6 +25,7 @@ from streams.schema import Columns, trajectory_table
 LOSSES = ("decoupled_ppo", "ppo", "truncated_is", "reinforce")
 ADVANTAGES = ("rae", "rae_state", "grpo", "grpo_mean", "rebn", "role_grpo")
 KL_ESTIMATORS = ("loss", "reward")
+IS_LOG2_BINS = (-4.0, 4.0, 16)  # is_weight_hist: log2 of w in 16 bins over [1/16, 16] (beyond: the outer bins)
 NONFINITE_LOSS = "nonfinite_loss_max"  # while a minibatch runs: 1 if a micro-batch's loss was not finite
 
 
@@ -291,7 +292,7 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     model.train()
     sync = getattr(model, "set_requires_gradient_sync", None)  # a sharded model: sum gradients once a step
     # gap, tokens, same-version gap, same-version tokens, and the sums of w = pi_prox / mu and w^2 (is_ess)
-    step_stats, gap_sums = [], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    step_stats, gap_sums = [], [0.0] * (6 + IS_LOG2_BINS[2])  # ..., then w's histogram (is_weight_hist)
     skipped = []  # the statistics of the minibatches that took no step
     for i, (tokens, micro) in enumerate(steps):
         optimizer.zero_grad(set_to_none=True)
@@ -320,6 +321,10 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
             w = torch.exp(torch.where(mask, (prox - mb.behaviour_logprobs[:, 1:]).clamp(max=30.0), 0.0)).detach()
             gap_sums[4] += float(torch.where(mask, w, 0.0).sum())
             gap_sums[5] += float(torch.where(mask, w * w, 0.0).sum())
+            low, high, bins = IS_LOG2_BINS
+            log_w = torch.log2(w[mask]).float().clamp(low, high - 1e-6)
+            for k, n in enumerate(torch.histc(log_w, bins=bins, min=low, max=high).tolist()):
+                gap_sums[6 + k] += n
             if version is not None:
                 same = mb.versions[:, 1:] == version
                 gap_sums[2] += float((gap * same).sum())
@@ -334,7 +339,7 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
         optimizer.step()
         step_stats.append(weighted)
     model.eval()
-    gap, tokens, same_gap, same_tokens, w_sum, w2_sum = shard.sum(gap_sums)
+    gap, tokens, same_gap, same_tokens, w_sum, w2_sum, *w_bins = shard.sum(gap_sums)
     kept = step_stats or skipped
     merged = {key: sum(s[key] for s in kept) / len(kept) for key in kept[0]}
     merged["skipped_steps"] = len(skipped)
@@ -342,6 +347,9 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
         merged["logprob_gap_same_version"] = same_gap / same_tokens
     if tokens and w2_sum > 0 and math.isfinite(w2_sum):
         merged["is_ess"] = min(w_sum * w_sum / (tokens * w2_sum), 1.0)  # (sum w)^2 / (n sum w^2): 1 on-policy
+    low, high, bins = IS_LOG2_BINS  # tokens by w, keyed by each bin's upper edge (as a number)
+    merged["is_weight_hist"] = {f"{2 ** (low + (k + 1) * (high - low) / bins):.4g}": int(n) for k, n in
+                                enumerate(w_bins) if n}
     return {**stats, **merged, **seat_returns, "logprob_gap": gap / max(tokens, 1), "tokens": int(tokens),
             "rows": int(batch.input_ids.shape[0]), "microbatches": sum(len(m) for _, m in steps)}
 

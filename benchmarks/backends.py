@@ -46,19 +46,19 @@ class Client:
         self.ids = itertools.count()
 
     async def generate(self, prompts, max_tokens: int, min_version: int = 0):
-        from streams.messages import GenerationRequest
+        from streams.messages import GenerationRequest, encode_requests, split_requests
 
         ids = [next(self.ids) for _ in prompts]
         async with trio.open_nursery() as nursery:
-            async def send_all():
-                for request_id, prompt in zip(ids, prompts):
-                    await self.requests.send(GenerationRequest(request_id, self.reply_to, "main", prompt, 1.0,
-                                                               max_tokens, min_version).to_body())
+            async def send_all():  # as an env actor sends them: many requests a frame
+                for batch in split_requests([GenerationRequest(request_id, self.reply_to, "main", prompt, 1.0,
+                                                               max_tokens, min_version)
+                                             for request_id, prompt in zip(ids, prompts)]):
+                    await self.requests.send(encode_requests(batch))
             nursery.start_soon(send_all)
             got = {}
             while len(got) < len(ids):
-                completion = await self.replies.receive()
-                got[completion.request_id] = completion
+                got.update((completion.request_id, completion) for completion in await self.replies.receive())
         return [got[i] for i in ids]
 
 
@@ -70,7 +70,7 @@ async def measure(args, model_dir: str, prompts: list[list[int]], weights_dir: s
     from actors.training import Objective, TrainerState, behaviour_gap, policy_gradient_step, single_turn_batch
     from streams.weights import WeightsPublisher, weights_to_bytes
     from streams.channels import MemoryTransport
-    from streams.messages import WEIGHTS_TOPIC, Completion
+    from streams.messages import WEIGHTS_TOPIC, decode_completions
     from streams.wire import Kind
 
     learner = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -86,7 +86,7 @@ async def measure(args, model_dir: str, prompts: list[list[int]], weights_dir: s
             replies = await nursery.start(_open_receiver, transport)
             requests = await nursery.start(_open_sender, transport, addresses["requests"])
             clients[backend] = Client(Outbox(requests, Kind.GENERATE, "bench"),
-                                      Inbox(replies, Kind.COMPLETION, Completion.from_body), replies.address)
+                                      Inbox(replies, Kind.COMPLETION, decode_completions), replies.address)
             result[f"{backend}_start_s"] = time.perf_counter() - started
         await clients["vllm"].generate(prompts[:64], args.max_tokens)  # warm-up, untimed
         for _ in range(args.rounds):

@@ -1,6 +1,7 @@
 """Environment hosting: can one env actor keep 1,000 episodes stepping faster than GEM's own vector env?
 
     python benchmarks/env_hosting.py [--quick] [--episodes 1000] [--steps 60000] [--rounds 3] [--transport memory|zmq]
+    python benchmarks/env_hosting.py --profile FILE [--steps 8000]   # the generation path under cProfile
 
 Side by side, in one run, on the same GEM game (``game:GuessTheNumber-v0-easy``) and the same number of
 environment steps, with a scripted policy (a random guess; no model):
@@ -8,20 +9,25 @@ environment steps, with a scripted policy (a random guess; no model):
 - GEM: ``AsyncVectorEnv`` (GEM's thread-pool vector env) of ``--episodes`` environments, stepped with a
   batch of actions at a time.
 - tidal: one ``EnvActor`` hosting ``--episodes`` concurrent episodes of the same game through the GEM
-  adapter, each a trio task, the same scripted policy (GEM's own random action) in the seat. The two take
-  turns for ``--rounds`` rounds and the medians count (the machine's load changes; GEM's thousand threads
-  suffer most from it).
-- then, for scale: the same episodes with every move asked of a scripted rollout actor over tidal's streams
-  (tokenized prompt, generation request, completion, an Arrow episode to a sink), as in a training run.
+  adapter, each a trio task, the same scripted policy (GEM's own random action) in the seat.
+- tidal's generation path: the same episodes with every move asked of a scripted rollout actor over tidal's
+  streams (tokenized prompt, generation requests many to a frame, completions, an Arrow episode to a sink), as
+  in a training run.
 
+The three take turns for ``--rounds`` rounds and the medians count (the machine's load changes; GEM's thousand
+threads suffer most from it). What the process loaded (torch, transformers, GEM) is frozen out of the garbage
+collector's reach before anything is timed, as an env actor does when it starts, so that GEM and tidal run alike.
 Then the steps/s of each tidal game and task on its own (random legal play, no actor).
-The last line is ``vs_gem=<tidal steps/s over GEM's> tidal_steps_per_s=<n>``.
+The last line is ``vs_gem=<x> generation_path_vs_gem=<x> tidal_steps_per_s=<n>``: tidal's steps/s over GEM's,
+the generation path's over GEM's, tidal's steps/s. ``--profile FILE``: only the generation path, under cProfile
+from its warm-up on, its top functions by own and by cumulative time printed and written to FILE.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import random
 import statistics
@@ -75,7 +81,7 @@ async def _drain(receiver):
 
 
 def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir: Path,
-                      through_rollout: bool) -> tuple[float, dict]:
+                      through_rollout: bool, profile=None) -> tuple[float, dict]:
     """Environment steps/s of one EnvActor with ``episodes`` live episodes of the GEM game.
 
     ``through_rollout=False``: the scripted policy (GEM's own random action) sits in the seat as a fixed
@@ -109,8 +115,12 @@ def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir:
             while env.statistics()["steps"] < steps // 10:  # warm-up: every episode started
                 await trio.sleep(0.01)
             first, start = env.statistics()["steps"], time.perf_counter()
+            if profile is not None:  # the steady state only: not the imports, the tokenizer's load, the warm-up
+                profile.enable()
             while env.statistics()["steps"] < first + steps:
                 await trio.sleep(0.01)
+            if profile is not None:
+                profile.disable()
             stats = env.statistics()
             result["rate"] = (stats["steps"] - first) / (time.perf_counter() - start)
             result["stats"] = stats
@@ -147,6 +157,24 @@ async def _random_play(name: str, seconds: float) -> float:
     return steps / (time.perf_counter() - start)
 
 
+def profile_generation_path(episodes: int, steps: int, transport: str, model_dir: Path, top: int, path: Path) -> None:
+    """cProfile of the generation path's steady state (after the warm-up): the ``top`` functions by their own
+    time and by cumulative time, printed and written to ``path``."""
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    rate, _ = tidal_steps_per_s(episodes, steps, transport, model_dir, through_rollout=True, profile=profile)
+    out = io.StringIO()
+    out.write(f"generation path, {episodes} episodes, {steps} steps under cProfile: {rate:,.0f} steps/s\n")
+    for order in ("tottime", "cumulative"):
+        pstats.Stats(profile, stream=out).strip_dirs().sort_stats(order).print_stats(top)
+    path.write_text(out.getvalue())
+    print(out.getvalue())
+    print(f"written to {path}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps: about a minute")
@@ -154,6 +182,8 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=None, help="environment steps per side")
     parser.add_argument("--transport", choices=["memory", "zmq"], default="memory")
     parser.add_argument("--rounds", type=int, default=3, help="GEM and tidal alternate; medians are reported")
+    parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                        help="only profile the generation path (cProfile, steady state) and write its top functions")
     args = parser.parse_args(argv)
     steps = args.steps or (10_000 if args.quick else 60_000)
     logging.basicConfig(level=logging.WARNING)
@@ -163,27 +193,38 @@ def main(argv=None) -> None:
 
     cfg = load_config([])  # the default job's tiny model: only its tokenizer is used
     model_dir = ensure_base_model(cfg.model.cache_dir, tiny_model_config(cfg))
-    # GEM and tidal take turns, so a change in the machine's load falls on both; medians of the rounds
-    gem_rates, tidal_rates = [], []
+    import gem  # noqa: F401 (loaded before the freeze, as the env actors load it)
+
+    # An env actor freezes what it loaded (its first run, here): from then on no full collection walks torch and
+    # transformers, GEM's threads' included. Frozen before anything is timed, so that GEM and tidal run alike.
+    gc.freeze()
+    if args.profile:
+        return profile_generation_path(args.episodes, steps, args.transport, model_dir, 40, args.profile)
+    # GEM and both tidal paths take turns, so a change in the machine's load falls on all three; medians of the rounds
+    gem_rates, tidal_rates, path_rates = [], [], []
     for round_ in range(args.rounds):
         gem_rates.append(gem_steps_per_s(args.episodes, steps))
         rate, stats = tidal_steps_per_s(args.episodes, steps, args.transport, model_dir, through_rollout=False)
         tidal_rates.append(rate)
-        print(f"round {round_ + 1}: GEM AsyncVectorEnv {gem_rates[-1]:,.0f} steps/s, tidal EnvActor {rate:,.0f} steps/s "
-              f"(ratio {rate / gem_rates[-1]:.2f}; {stats['episodes']} episodes, {stats['errored']} errored)", flush=True)
+        path_rate, path_stats = tidal_steps_per_s(args.episodes, steps, args.transport, model_dir, through_rollout=True)
+        path_rates.append(path_rate)
+        per_frame = path_stats["turns"] / max(path_stats["request_frames"], 1)
+        print(f"round {round_ + 1}: GEM AsyncVectorEnv {gem_rates[-1]:,.0f} steps/s, tidal EnvActor {rate:,.0f} "
+              f"steps/s (ratio {rate / gem_rates[-1]:.2f}; {stats['episodes']} episodes, {stats['errored']} errored), "
+              f"generation path {path_rate:,.0f} steps/s (ratio {path_rate / gem_rates[-1]:.2f}; "
+              f"{per_frame:.0f} requests a frame, {path_stats['errored']} errored)", flush=True)
     gem_rate, tidal_rate = statistics.median(gem_rates), statistics.median(tidal_rates)
+    path_rate = statistics.median(path_rates)
     print(f"GEM AsyncVectorEnv, {args.episodes} envs of {GEM_GAME}: {gem_rate:,.0f} steps/s (median)")
     print(f"tidal EnvActor, {args.episodes} live episodes of gem:{GEM_GAME}, scripted player in the seat: "
-          f"{tidal_rate:,.0f} steps/s (median)", flush=True)
-    protocol_rate, stats = tidal_steps_per_s(args.episodes, steps // 5, args.transport, model_dir, through_rollout=True)
-    gem_after = gem_steps_per_s(args.episodes, steps // 5)
+          f"{tidal_rate:,.0f} steps/s (median)")
     print(f"tidal EnvActor, the same, every move asked of a scripted rollout over {args.transport} streams "
-          f"(tokenize, request, completion, Arrow episode): {protocol_rate:,.0f} steps/s "
-          f"({protocol_rate / gem_after:.2f}x GEM's {gem_after:,.0f} measured right after; "
-          f"{stats['prompt_cache_hits']} prompt-cache hits)", flush=True)
+          f"(tokenize, request, completion, Arrow episode): {path_rate:,.0f} steps/s (median; "
+          f"{path_stats['prompt_cache_hits']} prompt-cache hits in the last round)", flush=True)
     for name, rate in game_steps_per_s(1.0 if args.quick else 3.0).items():
         print(f"  {name:<14} {rate:>10,.0f} steps/s (rules alone, random legal play)")
-    print(f"vs_gem={tidal_rate / gem_rate:.2f} tidal_steps_per_s={tidal_rate:.0f}")
+    print(f"vs_gem={tidal_rate / gem_rate:.2f} generation_path_vs_gem={path_rate / gem_rate:.2f} "
+          f"tidal_steps_per_s={tidal_rate:.0f}")
 
 
 if __name__ == "__main__":

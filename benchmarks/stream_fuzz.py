@@ -50,7 +50,7 @@ from benchmarks.fixtures import trajectory_batch  # noqa: E402
 from streams.endpoints import Inbox, Outbox  # noqa: E402
 from streams.messages import (  # noqa: E402
     VERSION_TOPIC, WEIGHTS_TOPIC, Completion, GenerationRequest, MatchAssigned, MatchRequest, MatchResult,
-    VersionAnnounced, WeightsChunk, WeightsFetch, WeightsManifest,
+    VersionAnnounced, WeightsChunk, WeightsFetch, WeightsManifest, decode_completions, decode_requests,
 )
 from streams.schema import Columns, decode_table, encode_table, trajectory_table  # noqa: E402
 from streams.wire import (  # noqa: E402
@@ -60,7 +60,7 @@ from streams.wire import (  # noqa: E402
 SINK = "tcp://127.0.0.1:9"  # where output nobody checks goes: nothing listens, nothing is read
 FUZZ_MODEL = TinyModelConfig(warmup_games=50, warmup_steps=1, warmup_batch=8)  # weights do not matter here
 OVERSIZED_BYTES = 300 * 2**20  # at most this many bytes of oversized frames per endpoint
-DECODERS = {Kind.GENERATE: GenerationRequest.from_body, Kind.COMPLETION: Completion.from_body,
+DECODERS = {Kind.GENERATE: decode_requests, Kind.COMPLETION: decode_completions,  # what the endpoints decode with
             Kind.EPISODES: decode_table, Kind.BATCH: decode_table, Kind.WEIGHTS: WeightsManifest.from_body,
             Kind.VERSION: VersionAnnounced.from_body, Kind.WEIGHTS_FETCH: WeightsFetch.from_body,
             Kind.MATCH_REQUEST: MatchRequest.from_body, Kind.MATCH_RESULT: MatchResult.from_body}

@@ -12,123 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streams.wire import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, FrameError, Shape, pack, unpack
+from streams.generation_messages import (  # noqa: F401 (imported from here, as the other messages are)
+    MAX_BATCH, Completion, GenerationRequest, Packed, decode_completions, decode_requests, encode_completions,
+    encode_requests, packed_bytes, split_completions, split_requests)
+from streams.message_fields import _address, _fields
+from streams.wire import FrameError, Shape, pack
 MAX_SEATS = 16  # the most seats (players) a match may have
 WEIGHTS_TOPIC = b"weights/"
 VERSION_TOPIC = b"version/"
-
-
-def _ints(values) -> bytes:
-    return np.asarray(values, dtype="<i4").tobytes()
-
-
-def _floats(values) -> bytes:
-    return np.asarray(values, dtype="<f4").tobytes()
-
-
-_KINDS = {int: (int,), float: (int, float), str: (str,), bytes: (bytes,), bool: (bool,)}
-
-
-def _fields(body, names: tuple[str, ...], what: str, types: tuple[type, ...], shape: Shape) -> dict:
-    """The message's fields, unpacked within ``shape``; FrameError naming a field that is missing or (``types``: one
-    per name) mistyped."""
-    fields = unpack(body, shape)
-    if not isinstance(fields, dict) or any(name not in fields for name in names):
-        missing = [n for n in names if not isinstance(fields, dict) or n not in fields]
-        raise FrameError(f"{what} message lacks {', '.join(missing)}")
-    for name, kind in zip(names, types):
-        value = fields[name]
-        if not isinstance(value, _KINDS[kind]) or (kind is not bool and isinstance(value, bool)):
-            raise FrameError(f"{what} message field {name} is a {type(value).__name__}, expected {kind.__name__}")
-    return fields
-
-
-def _array(buf: bytes, dtype: str, name: str) -> list:
-    if len(buf) % 4:
-        raise FrameError(f"{name} of {len(buf)} bytes is not a whole number of 4-byte values")
-    return np.frombuffer(buf, dtype=dtype).tolist()
-
-
-def _address(value: str, what: str) -> str:
-    if not value.startswith(("tcp://", "mem://")):
-        raise FrameError(f"{what} names {value[:80]!r}, not a stream address")
-    return value
-
-
-@dataclass
-class GenerationRequest:
-    """Sample a continuation of ``prompt_ids`` with policy ``policy_id``; reply to ``reply_to``.
-
-    ``min_version``: the rollout actor must not sample with weights older than this (the env actor sets
-    the learner version it knows of, so no token is older than what admission assumed).
-    """
-
-    request_id: int
-    reply_to: str
-    policy_id: str
-    prompt_ids: list[int]
-    temperature: float = 1.0
-    max_tokens: int = 16
-    min_version: int = 0
-
-    NAMES = ("id", "reply_to", "policy", "prompt", "temperature", "max_tokens", "min_version")
-    SHAPE = Shape(bin_len=4 * MAX_PROMPT_TOKENS)  # the prompt: 4 bytes a token
-
-    def to_body(self) -> bytes:
-        values = (self.request_id, self.reply_to, self.policy_id, _ints(self.prompt_ids),
-                  self.temperature, self.max_tokens, self.min_version)
-        return pack(dict(zip(self.NAMES, values)))
-
-    @classmethod
-    def from_body(cls, body) -> GenerationRequest:
-        f = _fields(body, cls.NAMES, "generation request", (int, str, str, bytes, float, int, int), cls.SHAPE)
-        prompt = _array(f["prompt"], "<i4", "prompt")
-        if not prompt or min(prompt) < 0:
-            raise FrameError("generation request with an empty prompt or a negative token id")
-        if not (0 < f["temperature"] <= 100 and 0 < f["max_tokens"] <= MAX_NEW_TOKENS):
-            raise FrameError(f"generation request with temperature {f['temperature']} or max_tokens "
-                             f"{f['max_tokens']} out of range (0, 100], [1, {MAX_NEW_TOKENS}]")
-        reply_to = _address(f["reply_to"], "generation request")
-        return cls(f["id"], reply_to, f["policy"], prompt, float(f["temperature"]), f["max_tokens"], f["min_version"])
-
-
-@dataclass
-class Completion:
-    """Sampled tokens with, for every token, the behaviour log-prob and the policy version that made it.
-
-    ``error``: why the rollout actor could not sample this request (its engine refused the request's
-    settings); then there are no tokens, and the env actor drops the episode that asked, with the reason.
-    """
-
-    request_id: int
-    token_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    finished: bool  # ended with EOS; False when cut at max_tokens
-    error: str = ""
-
-    NAMES = ("id", "tokens", "logprobs", "versions", "finished", "error")
-    SHAPE = Shape(bin_len=4 * MAX_NEW_TOKENS)  # ids, log-probs, versions: 4 bytes a token each
-
-    def to_body(self) -> bytes:
-        values = (self.request_id, _ints(self.token_ids), _floats(self.logprobs), _ints(self.versions),
-                  self.finished, self.error)
-        return pack(dict(zip(self.NAMES, values)))
-
-    @classmethod
-    def refused(cls, request_id: int, error: str) -> Completion:
-        return cls(request_id, [], [], [], False, error[:500])
-
-    @classmethod
-    def from_body(cls, body) -> Completion:
-        f = _fields(body, cls.NAMES, "completion", (int, bytes, bytes, bytes, bool, str), cls.SHAPE)
-        tokens = _array(f["tokens"], "<i4", "tokens")
-        logprobs = _array(f["logprobs"], "<f4", "logprobs")
-        versions = _array(f["versions"], "<i4", "versions")
-        if not len(tokens) == len(logprobs) == len(versions):
-            raise FrameError(f"completion with {len(tokens)} tokens, {len(logprobs)} log-probs, "
-                             f"{len(versions)} versions")
-        return cls(f["id"], tokens, logprobs, versions, f["finished"], f["error"])
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pyarrow as pa
 
 SCHEMA_VERSION = 2  # 2: role and scored_by (a version-1 spill is read with both empty: `upgrade_batch`)
@@ -95,10 +96,25 @@ def trajectory_table(rows: list[dict]) -> pa.Table:
         if row.keys() != expected and not required <= row.keys() <= expected:
             raise SchemaError(f"trajectory row {index}: {_difference(set(row) | set(OPTIONAL), expected)}")
     try:
-        columns = [pa.array([row.get(name, OPTIONAL.get(name)) for row in rows], type=kind) for name, kind in FIELDS]
+        columns = [_column([row.get(name, OPTIONAL.get(name)) for row in rows], kind) for name, kind in FIELDS]
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
         raise SchemaError(f"trajectory rows do not fit the schema: {error}") from error
     return pa.Table.from_arrays(columns, schema=TRAJECTORY_SCHEMA)
+
+
+_PACKED = {pa.list_(pa.int32()): "<i4", pa.list_(pa.float32()): "<f4"}  # list columns of 4-byte numbers
+
+
+def _column(values: list, kind: pa.DataType) -> pa.Array:
+    """One column. A list column whose every value holds its numbers' bytes (``packed``: token ids and completions
+    from the generation path, ``streams.generation_messages.Packed``) is made from them, not number by number."""
+    dtype = _PACKED.get(kind)
+    if dtype is None or not values or any(len(getattr(v, "packed", b"")) != 4 * len(v) or not v for v in values):
+        return pa.array(values, type=kind)
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    flat = np.frombuffer(b"".join(v.packed for v in values), dtype)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=kind.value_type))
 
 
 def encode_table(table: pa.Table, batch_seq: int | None = None) -> bytes:
@@ -116,6 +132,26 @@ def encode_table(table: pa.Table, batch_seq: int | None = None) -> bytes:
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
+
+
+_SCHEMA_MESSAGE = TRAJECTORY_SCHEMA.serialize().to_pybytes()  # an IPC stream's first message
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def encode_episodes(episodes: list[list[dict]]) -> list[bytes]:
+    """Each episode's rows as an IPC stream of its own (one frame an episode, as ``encode_table(trajectory_table(
+    rows))`` gives: the same table once decoded), the columns built once for all of them: Arrow's fixed cost per
+    column and per call is paid once a batch, not once an episode. SchemaError as ``trajectory_table``'s."""
+    rows = [row for episode in episodes for row in episode]
+    if not rows:
+        return [encode_table(trajectory_table([])) for _ in episodes]
+    (batch,) = trajectory_table(rows).combine_chunks().to_batches()
+    bodies, start = [], 0
+    for episode in episodes:
+        bodies.append(b"".join((_SCHEMA_MESSAGE, batch.slice(start, len(episode)).serialize().to_pybytes(),
+                                _END_OF_STREAM)))
+        start += len(episode)
+    return bodies
 
 
 def decode_table(buf) -> pa.Table:

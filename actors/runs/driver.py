@@ -39,6 +39,7 @@ from actors.runs.monitor import MetricsLog, plot_learning_curve
 from actors.runs.recovery import (GroupRecovery, RestartLimit, RestartsExhausted, call_unless_dead, restart_env,
                                   statistics_or_recover)
 from actors.runs.scaling import Scaler
+from actors.runs.tensorboard import TensorBoardLog
 from actors.topology import Topology, build_topology
 from streams.private_files import SHM_DIR, sweep_stale
 
@@ -75,6 +76,8 @@ class Driver:
         self.dir = run_directory(Path(run.dir).expanduser(), run.name or default, resumed=cfg.resume is not None)
         (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
         self.metrics = MetricsLog(self.dir, window_s=run.return_window_s, window_episodes=run.return_window_episodes)
+        if cfg.observe.tensorboard:  # every row as TensorBoard events too, written here: the actors pay nothing
+            self.metrics.tensorboard = TensorBoardLog(self.dir)
         self.resumed = cfg.resume is not None
         # A resumed run continues its clock and its curves: its budget is the run's, not one more of it.
         self.offset_s = self.metrics.load() if self.resumed else 0.0
@@ -217,7 +220,8 @@ class Driver:
 
     def _row(self, stats: dict, evaluation: dict | None = None, rates: bool = True) -> dict:
         first = next(iter(self.top.groups.values()))
-        extra = self.steward.metrics(stats) if self.steward is not None else None
+        extra = {"restarts_by_actor": dict(self.restarts), "scale_events": len(self.scaler.events),
+                 **(self.steward.metrics(stats) if self.steward is not None else {})}
         return self.metrics.snapshot(stats, evaluation, learner=first.learner, replay=first.replay, extra=extra,
                                      rates=rates)
 
@@ -326,6 +330,8 @@ class Driver:
             summary["table"] = table
             summary["league_results_lost"] = self.steward.results_lost if self.steward else 0
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if self.metrics.tensorboard is not None:
+            self.metrics.tensorboard.close()
         if evaluations and self.cfg.league is None:
             plot_learning_curve(evaluations, rows, self.dir / "learning_curve.png", self.cfg.eval.opponent)
         return summary

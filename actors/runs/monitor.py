@@ -65,6 +65,7 @@ class MetricsLog:
         self.rows: list[dict] = []
         self.counters = ContinuedCounters()
         self.restarts = 0
+        self.tensorboard = None  # a TensorBoardLog (tensorboard.py): each row goes to it too
 
     def restarted(self, name: str) -> None:
         """``name`` died and was restarted: what it had counted stays in the totals (no negative rates)."""
@@ -141,7 +142,8 @@ class MetricsLog:
                "reissued_requests": sum(s.get("reissued_requests", 0) for s in envs),
                "duplicate_completions": sum(s.get("duplicate_completions", 0) for s in envs),
                "staleness_total": learner.get("staleness_hist", {}),
-               "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values())}
+               "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values()),
+               "dataset_cpu_s": learner.get("dataset", {}).get("cpu_s")}
         row.update(stream_totals([s for actor in stats.values() for s in actor.get("streams", {}).values()]))
         if extra:
             row.update(extra)
@@ -157,16 +159,20 @@ class MetricsLog:
         for key in ("staleness_mean", "staleness_max", "staleness_hist", "pg_loss", "clip_fraction", "approx_kl",
                     "logprob_gap", "logprob_gap_same_version", "is_weight_mean", "is_outside_share", "entropy",
                     "return_seat0", "return_seat1", "kl_ref", "lr", "states_known", "states_tracked", "eta", "is_ess",
-                    "guard_trips", "guard_cooldown", "step_scale", "invalid_share"):
+                    "guard_trips", "guard_cooldown", "step_scale", "invalid_share", "is_weight_hist"):
             if key in learner.get("last", {}):
                 row[key] = learner["last"][key]
         if evaluation is not None:
             row["evaluation"] = evaluation
         if rates:
             self._last = (now, totals)
+        if self.tensorboard is not None:  # what watching has cost the driver so far, measured
+            row["tensorboard_cpu_s"] = self.tensorboard.cpu_s
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.write(row)
         return row
 
 
@@ -204,7 +210,7 @@ def plot_learning_curve(evaluations: list[dict], rows: list[dict], path: Path, o
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, ((ax1, ax2), (ax4, ax5)) = plt.subplots(2, 2, figsize=(11, 8))
     minutes = [e["minute"] for e in evaluations]
     ax1.plot(minutes, [e["nonloss"] for e in evaluations], "o-", label="non-loss, mean of seats")
     for seat in sorted({s for e in evaluations for s in e["nonloss_by_seat"]}):
@@ -226,6 +232,30 @@ def plot_learning_curve(evaluations: list[dict], rows: list[dict], path: Path, o
     ax3.set_ylabel("policy version")
     lines = ax2.get_lines() + ax3.get_lines()
     ax2.legend(lines, [line.get_label() for line in lines], loc="upper right", fontsize=8)
+    plot_system(ax4, ax5, rows)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_system(staleness_ax, system_ax, rows: list[dict]) -> None:
+    """The run's system figures over time: the staleness of each batch's tokens (and the bound eta), the
+    learner's busy and the rollout actors' idle fractions, and episodes/s."""
+    def series(key):
+        shown = [r for r in rows if r.get(key) is not None]
+        return [r["elapsed_s"] / 60 for r in shown], [r[key] for r in shown]
+
+    for key, style in (("staleness_mean", "-"), ("staleness_max", ":"), ("eta", "--")):
+        staleness_ax.plot(*series(key), style, label=key)
+    staleness_ax.set(xlabel="minutes", ylabel="versions", title="staleness of the trained tokens")
+    staleness_ax.grid(alpha=0.3)
+    staleness_ax.legend(loc="upper right", fontsize=8)
+    for key in ("learner_busy", "rollout_idle"):
+        system_ax.plot(*series(key), label=key)
+    system_ax.set(xlabel="minutes", ylabel="fraction", ylim=(0, 1.02), title="utilisation and throughput")
+    system_ax.grid(alpha=0.3)
+    rate_ax = system_ax.twinx()
+    rate_ax.plot(*series("episodes_per_s"), color="gray", label="episodes/s")
+    rate_ax.set_ylabel("episodes/s")
+    lines = system_ax.get_lines() + rate_ax.get_lines()
+    system_ax.legend(lines, [line.get_label() for line in lines], loc="lower right", fontsize=8)

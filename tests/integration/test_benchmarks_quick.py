@@ -184,3 +184,13 @@ def test_role_selfplay_quick(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("turns_role_proposer", 0) > 0 and r.get("turns_role_solver", 0) > 0 for r in rows)
     assert list((run_dir / "tasks").glob("*.arrows"))  # the task buffer, kept with the run
+
+
+@pytest.mark.slow  # about four minutes (two one-minute runs of the default job): the suite is at its budget
+@pytest.mark.timeout(900)
+def test_observability_quick(tmp_path):
+    lines = run("observability.py", tmp_path)
+    found = re.fullmatch(r"overhead=(-?[\d.]+) tb_tags=(\d+) parquet_episodes=(\d+) trained_episodes=(\d+) "
+                         r"parquet_match=([01])", lines[-1])
+    assert found, lines[-1]
+    assert int(found[2]) >= 20 and found[5] == "1" and found[3] == found[4] != "0"

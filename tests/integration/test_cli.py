@@ -6,7 +6,11 @@ import sys
 
 import pytest
 
+from rich.console import Console
+
 from actors.cli import main
+from actors.runs.top import render
+from tests.integration.topology import dataset_accounts
 
 pytestmark = pytest.mark.ray
 
@@ -29,11 +33,17 @@ def test_tidal_launch_end_to_end(backend, tiny_model_dir, tmp_path):
         args.append("learner.max_staleness=0")
     else:  # the adaptive bound, between 0 and 3
         args += ["learner.max_staleness=auto", "learner.args.staleness.max=3"]
-    done = subprocess.run([sys.executable, "-m", "actors.cli", "launch", *args], capture_output=True, text=True,
-                          timeout=560)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "non-loss vs random: start" in done.stdout
     run = tmp_path / "smoke"
+    with open(tmp_path / "out.txt", "w") as stdout, open(tmp_path / "err.txt", "w") as stderr:  # no pipe to fill
+        process = subprocess.Popen([sys.executable, "-m", "actors.cli", "launch", *args], stdout=stdout,
+                                   stderr=stderr, text=True)
+        screen = top_while_running(process, run)
+        process.wait(timeout=560)
+    out, err = (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
+    assert process.returncode == 0, err[-3000:]
+    assert "non-loss vs random: start" in out
+    # `tidal top` against the live run: its figures as the run had them
+    assert "(running," in screen and "policy version" in screen and "start" in screen, screen
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_version"] >= 3 and not summary["interrupted"]
     assert 0 <= summary["start_nonloss"] <= 1 and 0 <= summary["final_nonloss"] <= 1
@@ -53,6 +63,38 @@ def test_tidal_launch_end_to_end(backend, tiny_model_dir, tmp_path):
     assert all(gap <= 4e-4 for gap in same), same
     if backend == "vllm":  # with eta 0 every batch has them
         assert len(same) == len(trained)
+    check_tensorboard_and_dataset(run)
+
+
+def top_while_running(process, run) -> str:
+    """`tidal top`'s screen of ``run`` once it has written metrics rows, while it still runs."""
+    import time
+
+    deadline = time.monotonic() + 400
+    while not ((run / "control.json").exists() and len(read_lines(run / "metrics.jsonl")) >= 2):
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended or stalled before training"
+        time.sleep(0.2)
+    console = Console(record=True, width=140)
+    console.print(render(run))
+    return console.export_text()
+
+
+def read_lines(path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def check_tensorboard_and_dataset(run) -> None:
+    """The run's TensorBoard events read back with TensorBoard's reader; its episode dataset with DuckDB: every
+    episode the learner trained (its final checkpoint's count) exactly once."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()
+    assert len(tags["scalars"]) >= 20 and "staleness/batch_tokens" in tags["histograms"], tags
+    assert events.Scalars("throughput/version")[-1].value >= 3
+    accounts = dataset_accounts(run)
+    assert sum(accounts["per_life"].values()) == accounts["trained"] > 0 and accounts["twice"] == [], accounts
 
 
 def test_a_bad_override_fails_with_a_clear_message(capsys):

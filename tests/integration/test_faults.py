@@ -14,7 +14,7 @@ from actors.runs.control import send_scale
 from actors.learner import checkpoint_cursor
 from actors.spill import account_episodes
 from tests.integration.test_local_topology import wait_for
-from tests.integration.topology import BackgroundRun, small_config
+from tests.integration.topology import BackgroundRun, dataset_accounts, small_config
 
 pytestmark = pytest.mark.ray
 
@@ -65,6 +65,10 @@ def test_every_kind_killed_is_restarted_and_no_episode_is_lost_or_trained_twice(
     accounts = account_episodes(run, summary["life"], checkpoint_cursor(run / "policy", summary["life"]))
     assert accounts["lost"] == 0 and accounts["duplicated"] == 0, accounts
     assert accounts["consumed"] >= 8 * 12 and accounts["unledgered"] <= 8, accounts  # at most env-0's slots
+    # the episode dataset: every episode the surviving learner trained, once, across its kill (its batches past
+    # the checkpoint were written again as it trained them again)
+    trained = dataset_accounts(run)
+    assert sum(trained["per_life"].values()) == trained["trained"] > 0 and trained["twice"] == [], trained
     rows = background.rows()
     assert all(r.get("tokens_per_s", 0) >= 0 and r.get("episodes_per_s", 0) >= 0 for r in rows)  # totals go on
     assert rows[-1]["reissued_requests"] > 0  # the dead rollout actor's requests were asked again

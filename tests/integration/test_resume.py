@@ -7,12 +7,14 @@ import subprocess
 import sys
 import time
 
+import duckdb
 import pytest
 import torch
 
 from actors.cli import load_config
 from actors.learner import TRAINER_STATE, find_checkpoint
 from actors.spill import Spill, episode_life
+from tests.integration.topology import dataset_accounts
 
 SMALL = ["replay.args.batch_episodes=8", "replay.args.capacity_episodes=16", "env.args.concurrency=8",
          "eval.games_per_seat=4", "eval.endpoint_games_per_seat=4", "eval.every_s=0", "sampling.max_new_tokens=4",
@@ -67,6 +69,14 @@ def test_a_killed_run_resumes_at_its_checkpointed_version(tiny_model_dir, tmp_pa
     held, batches = spill.load()
     lives = {episode_life(i) for i in [*held, *spill.state.consumed, *(i for ids in batches.values() for i in ids)]}
     assert lives <= {taken["life"], summary["life"]} and summary["life"] in lives
+    # the episode dataset holds every episode the checkpointed learner trained, across the kill, exactly once:
+    # the killed life's batches past its checkpoint were removed (replay took their episodes over)
+    accounts = dataset_accounts(run)
+    assert set(accounts["per_life"]) == {taken["life"], summary["life"]}, accounts
+    assert sum(accounts["per_life"].values()) == accounts["trained"] and accounts["twice"] == [], accounts
+    files = f"{run}/episodes/*/*/*.parquet"
+    last_batch = duckdb.sql(f"select max(batch_seq) from read_parquet('{files}') where life = '{taken['life']}'")
+    assert last_batch.fetchall()[0][0] <= taken["after"]  # nothing past the checkpoint the resume went on from
 
 
 def test_resume_names_what_is_missing(tmp_path):

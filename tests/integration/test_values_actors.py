@@ -20,7 +20,7 @@ from actors.rollout import RolloutActor, RolloutConfig
 from actors.spill import Spill
 from streams.channels import ZmqTransport
 from streams.endpoints import Inbox, Outbox
-from streams.messages import VERSION_TOPIC, Completion, GenerationRequest, MatchResult, VersionAnnounced
+from streams.messages import VERSION_TOPIC, GenerationRequest, MatchResult, VersionAnnounced, decode_completions
 from streams.schema import Columns as C
 from streams.schema import decode_batch, decode_table, encode_table, trajectory_table
 from streams.values import check_rows
@@ -162,14 +162,16 @@ def test_a_rollout_refuses_a_prompt_outside_its_vocabulary_and_answers_the_next(
         rollout = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir)))
         async with transport.open_receiver() as completions, trio.open_nursery() as nursery:
             addresses = await nursery.start(rollout.run, transport, {})
-            replies = Inbox(completions, Kind.COMPLETION, Completion.from_body)
+            replies = Inbox(completions, Kind.COMPLETION, decode_completions)  # what is ready together comes together
             async with transport.open_sender([addresses["requests"]]) as requests:
                 out = Outbox(requests, Kind.GENERATE, "env-0")
                 for request_id, prompt, min_version in [(1, [3, 10**6], 0), (2, [3, 4], -1), (3, [3, 4], 0)]:
                     await out.send(GenerationRequest(request_id, completions.address, "main", prompt, 1.0, 2,
                                                      min_version).to_body())
+                seen["answers"] = {}
                 with trio.fail_after(60):
-                    seen["answers"] = {c.request_id: c for c in [await replies.receive() for _ in range(3)]}
+                    while len(seen["answers"]) < 3:
+                        seen["answers"].update((c.request_id, c) for c in await replies.receive())
             seen["stats"] = rollout.statistics()
             nursery.cancel_scope.cancel()
 

@@ -21,7 +21,7 @@ from actors.training import (Objective, TrainerState, action_logprobs, behaviour
                              policy_gradient_step, single_turn_batch)
 from streams.weights import WeightsPublisher, weights_to_bytes  # noqa: E402
 from streams.channels import ZmqTransport  # noqa: E402
-from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest  # noqa: E402
+from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest, decode_completions  # noqa: E402
 from streams.wire import Kind  # noqa: E402
 
 # Behaviour (vLLM) and learner log-probs of the same tokens under the same weights, mean absolute difference.
@@ -53,7 +53,7 @@ class Rig:
                                                       snapshot_dir=self.snapshot_dir))
             addresses = await nursery.start(self.rollout.run, transport, {"weights": [publisher.address]})
             self.reply_to, self.replies = completions.address, Inbox(completions, Kind.COMPLETION,
-                                                                     Completion.from_body)
+                                                                     decode_completions)
             async with transport.open_sender([addresses["requests"]]) as requests:
                 self.requests = Outbox(requests, Kind.GENERATE, "env")
                 task_status.started()
@@ -70,9 +70,8 @@ class Rig:
             await self.requests.send(GenerationRequest(request_id, self.reply_to, policy, prompt, temperature,
                                                        max_tokens, min_version).to_body())
         got = {}
-        while len(got) < len(ids):
-            completion = await self.replies.receive()
-            got[completion.request_id] = completion
+        while len(got) < len(ids):  # what the actor has ready together comes in one frame
+            got.update((completion.request_id, completion) for completion in await self.replies.receive())
         return [got[i] for i in ids]
 
     async def publish(self, version: int, model) -> None:

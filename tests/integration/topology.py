@@ -37,3 +37,21 @@ class BackgroundRun:
         """Wait for the run to end; its summary."""
         self.thread.join(timeout)
         return self.outcome.get("summary")
+
+
+def dataset_accounts(run) -> dict:
+    """DuckDB on a run's episode dataset: distinct episodes per life, the ids found in more than one batch, and the
+    episodes its learner trained (its last checkpoint's count): each trained episode once means ``sum(per_life)
+    == trained`` and no id twice."""
+    import duckdb
+    import torch
+
+    from actors.learner import TRAINER_STATE, find_checkpoint
+
+    files = f"{run}/episodes/*/*/*.parquet"
+    per_life = dict(duckdb.sql(f"select life, count(distinct episode_id) from read_parquet('{files}') group by life")
+                    .fetchall())
+    twice = duckdb.sql(f"select episode_id from read_parquet('{files}') group by member, episode_id "
+                       "having count(distinct (life, batch_seq)) > 1").fetchall()
+    trained = torch.load(find_checkpoint(run / "policy") / TRAINER_STATE, weights_only=True)["totals"]["episodes"]
+    return {"per_life": per_life, "twice": [i for (i,) in twice], "trained": trained}

@@ -3,7 +3,7 @@
 import pytest
 
 from streams.messages import (
-    Completion, GenerationRequest, MatchAssigned, MatchRequest, MatchResult, ScaleAnswered, ScaleRequest,
+    MAX_BATCH, Completion, GenerationRequest, MatchAssigned, MatchRequest, MatchResult, ScaleAnswered, ScaleRequest,
     VersionAnnounced, WeightsChunk, WeightsFetch, WeightsManifest,
 )
 from streams.wire import FRAME_LIMITS, MAX_PROMPT_TOKENS, FrameError, Kind, decode_frame, encode_frame, pack, unpack
@@ -39,8 +39,9 @@ def test_each_message_refuses_a_body_of_the_wrong_shape_before_building_it(messa
     assert type(message).from_body(message.to_body()) == message  # the honest one still passes
 
 
-@pytest.mark.parametrize("field, value", [("prompt", b"\1\0\0\0" * (MAX_PROMPT_TOKENS + 1)),
-                                          ("policy", "p" * 5000), ("prompt", [1, 2, 3]), ("reply_to", ["tcp://x"])])
+@pytest.mark.parametrize("field, value", [("prompts", b"\1\0\0\0" * (MAX_PROMPT_TOKENS + 1)),
+                                          ("policies", ["p" * 5000]), ("prompts", [1, 2, 3]), ("reply_to", ["tcp://x"]),
+                                          ("policies", ["main"] * (MAX_BATCH + 1)), ("lengths", b"\4\0\0\0")])
 def test_a_generation_request_whose_fields_are_too_long_or_of_another_type_is_refused(field, value):
     fields = unpack(EXAMPLES[0].to_body())
     fields[field] = value

@@ -3,7 +3,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.engines.base_model import TinyModelConfig, make_model, make_tokenizer
 from streams.messages import Completion, GenerationRequest, VersionAnnounced, WeightsChunk, WeightsFetch, WeightsManifest
-from streams.wire import FrameError, pack
+from streams.wire import FrameError, pack, unpack
 
 
 def test_messages_round_trip():
@@ -24,8 +24,8 @@ def test_malformed_messages_raise_frame_errors():
     with pytest.raises(FrameError, match="lacks"):
         Completion.from_body(pack({"id": 1}))
     with pytest.raises(FrameError, match="2 tokens, 1 log-probs"):
-        Completion.from_body(pack({"id": 1, "tokens": b"\x00" * 8, "logprobs": b"\x00" * 4,
-                                   "versions": b"\x00" * 8, "finished": True, "error": ""}))
+        Completion.from_body(pack({"ids": b"\x01" + b"\x00" * 7, "lengths": b"\x02\x00\x00\x00", "tokens": b"\x00" * 8,
+                                   "logprobs": b"\x00" * 4, "versions": b"\x00" * 8, "finished": b"\x01", "errors": [""]}))
     with pytest.raises(FrameError, match="empty prompt"):
         GenerationRequest.from_body(GenerationRequest(1, "a", "main", [], 1.0, 4).to_body())
     with pytest.raises(FrameError):
@@ -34,9 +34,9 @@ def test_malformed_messages_raise_frame_errors():
         WeightsManifest.from_body(WeightsManifest("main", 3, 10, 4, [1, 2], "h", "p", "tcp://a:1").to_body())
     with pytest.raises(FrameError, match="not a stream address"):
         GenerationRequest.from_body(GenerationRequest(1, "/etc/passwd", "main", [1], 1.0, 4).to_body())
-    with pytest.raises(FrameError, match="field temperature is a str"):
-        GenerationRequest.from_body(pack({"id": 1, "reply_to": "mem://a", "policy": "main", "prompt": b"\x01\x00\x00\x00",
-                                          "temperature": "hot", "max_tokens": 4, "min_version": 0}))
+    fields = unpack(GenerationRequest(1, "mem://a", "main", [1], 1.0, 4).to_body())
+    with pytest.raises(FrameError, match="field temperatures is a str"):
+        GenerationRequest.from_body(pack({**fields, "temperatures": "hot"}))
     with pytest.raises(FrameError, match="out of range"):
         GenerationRequest.from_body(GenerationRequest(1, "mem://a", "main", [1], 1.0, 10**9).to_body())
 

@@ -154,6 +154,10 @@ def test_the_same_version_gap_leaves_out_tokens_of_older_versions(model_and_toke
     n_fresh, n_stale = len(fresh.tokens), len(stale.tokens)
     assert stats["logprob_gap_same_version"] < 1e-4
     assert stats["logprob_gap"] == pytest.approx(0.5 * n_stale / (n_fresh + n_stale), abs=1e-4)
+    # the importance weights' histogram (TensorBoard's): the stale tokens at w = e^0.5 (log2 w = 0.72, the bin up
+    # to 2), the fresh ones at w = 1, on the edge between the bins up to 1 and up to 2^0.5
+    hist = stats["is_weight_hist"]
+    assert hist["2"] == n_stale and hist.get("1", 0) + hist.get("1.414", 0) == n_fresh, hist
 
 
 def test_a_linear_learning_rate_decay_follows_whichever_budget_runs_out_first():
