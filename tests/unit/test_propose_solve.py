@@ -344,7 +344,7 @@ def test_with_dealt_numbers_a_repeat_pays_its_full_learnability():
     for _ in range(2):
         g = ProposeSolve(solvers=2, buffer=buffer, buffer_share=0.0, repeat_reward=0.0, deal_numbers=True)
         g.reset(11)
-        target = targets_of(g.dealt)[0]
+        target = next(t for t in targets_of(g.dealt) if t not in g.dealt)
         g.step(f"[{target}]")
         g.step(f"[{reachable(tuple(sorted(g.dealt)))[Fraction(target)]}]")
         result = g.step("[1000]")
@@ -360,3 +360,15 @@ def test_a_replayed_episode_deals_nothing_and_deal_numbers_must_be_a_bool():
     assert g.dealt is None and g.current_player == 1 and g.numbers is not None
     with pytest.raises(ValueError, match="deal_numbers must be true or false"):
         ProposeSolve(deal_numbers="yes")
+
+
+@pytest.mark.parametrize("deal_numbers", [False, True])
+def test_a_target_that_is_one_of_the_numbers_earns_the_proposer_nothing(deal_numbers):
+    """No arithmetic is needed to reach it: it is valid, the solvers are scored, and the proposer gets 0."""
+    g = game(solvers=2, deal_numbers=deal_numbers)
+    g.reset(5)
+    numbers = g.dealt or (3, 4, 5)
+    proposal = f"[{numbers[0]}]" if deal_numbers else f"[3 4 5 -> {numbers[0]}]"
+    results = play(g, [proposal, f"[{numbers[0]}]", "[1000]"])
+    assert not any(r.invalid for r in results) and results[-1].rewards == [0.0, 1.0, 0.0]
+    assert results[-1].info["trivial"] and results[-1].info["solve_rate"] == 0.5
