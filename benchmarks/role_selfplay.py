@@ -96,14 +96,29 @@ def expert_ceiling(base: Path, steps: int, exclude: set, out: Path, pairs: int =
     return out
 
 
-def rate_by_size(run_dir: Path) -> str:
-    """The proposals' mean solve rate over the run per count of numbers, with the count of tasks."""
-    by_size: dict[int, list[float]] = {}
-    for tasks in kept_tasks(run_dir):
-        for task in tasks:
-            if task["solve_rates"]:
-                by_size.setdefault(len(task["numbers"]), []).append(sum(task["solve_rates"]) / len(task["solve_rates"]))
-    return " ".join(f"{n} numbers {sum(r) / len(r):.3f} ({len(r)} tasks);" for n, r in sorted(by_size.items()))
+def task_kind(numbers, target: int) -> str:
+    """What a task asks: ``copy`` (the target is one of the numbers), ``a+b``, ``a*b``, ``a-b`` of two of them, or
+    ``other`` (several operations, or a division)."""
+    if target in numbers:
+        return "copy"
+    pairs = [(a, b) for i, a in enumerate(numbers) for j, b in enumerate(numbers) if i != j]
+    for kind, value in (("a+b", lambda a, b: a + b), ("a*b", lambda a, b: a * b), ("a-b", lambda a, b: a - b)):
+        if any(value(a, b) == target for a, b in pairs):
+            return kind
+    return "other"
+
+
+def breakdown(run_dir: Path) -> str:
+    """The kept proposals' count and mean solve rate per count of numbers and per ``task_kind``, and the share
+    whose target is 1."""
+    groups: dict[str, list[float]] = {}
+    tasks = [task for kept in kept_tasks(run_dir) for task in kept if task["solve_rates"]]
+    for task in tasks:
+        rate = sum(task["solve_rates"]) / len(task["solve_rates"])
+        for key in (f"{len(task['numbers'])} numbers", task_kind(task["numbers"], task["target"])):
+            groups.setdefault(key, []).append(rate)
+    ones = sum(task["target"] == 1 for task in tasks) / max(1, len(tasks))
+    return " ".join(f"{k} {len(r)} ({sum(r) / len(r):.2f});" for k, r in sorted(groups.items())) + f" target 1: {ones:.2f}"
 
 
 def kept_tasks(run_dir: Path) -> list[list[dict]]:
@@ -167,7 +182,7 @@ def main(argv: list[str]) -> int:
     rate, valid = last_third(run_dir)
     print(f"held-out tasks {len(tasks)} (of {count}; the rest were proposed in the run); versions "
           f"{summary['final_version']}; run {summary['minutes']:.1f} min; {run_dir}")
-    print(f"proposals' solve rate over the run by size: {rate_by_size(run_dir)}")
+    print(f"kept proposals (solve rate): {breakdown(run_dir)}")
     show = lambda x: "nan" if x is None else f"{x:.3f}"  # noqa: E731
     print(f"solver_heldout_start={start:.3f} solver_heldout_final={final:.3f} solver_gain={final - start:.3f} "
           f"proposal_solve_rate_last_third={show(rate)} valid_proposals={show(valid)}")
