@@ -18,6 +18,10 @@ last third from the proposer's turns in the metrics. Last line:
     proposal_solve_rate_last_third=<x> valid_proposals=<x>
 
 `--quick` (a few minutes): a short in-process run and 40 held-out tasks; it checks the harness.
+
+`--ceiling N` (no run): the base model after N supervised steps on right answers (the env's expert) to random
+dealt tasks outside the held-out set, scored on the held-out set: what direct supervision makes of the tiny
+model, a reference for the solver's gain. Last line: `expert_sft_steps=N heldout_start=<x> heldout_expert=<x>`.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pathlib import Path
 
 RECIPE = [  # configs/recipe/propose_solve.yaml, and a base model warmed up on the recipe without a task buffer
     "+recipe=propose_solve", "model.tiny.warmup_env=propose_solve",
-    "++model.tiny.warmup_env_args={solvers:4,buffer:null}", "model.tiny.warmup_expert_share=0.3", "run.progress=false",
+    "++model.tiny.warmup_env_args={solvers:4,buffer:null,deal_numbers:true}", "model.tiny.warmup_expert_share=0.3", "run.progress=false",
 ]
 
 
@@ -69,6 +73,52 @@ def solve_rate(model_dir: Path, tasks: list) -> float:
         result = game.step(answer)
         right += bool(not result.invalid and result.info.get("correct"))
     return right / len(tasks)
+
+
+def expert_ceiling(base: Path, steps: int, exclude: set, out: Path, pairs: int = 20_000) -> Path:
+    """``base`` after ``steps`` supervised steps (the warm-up's) on right answers to random dealt tasks of the game
+    (2 to 4 numbers, an evenly drawn reachable target) outside ``exclude``, saved to ``out``."""
+    import dataclasses
+
+    from actors.engines.base_model import TinyModelConfig, load_policy, warm_up
+    from envs.propose_solve import ProposeSolve
+
+    model, tokenizer = load_policy(base)
+    game, rng, shown = ProposeSolve(solvers=1, deal_numbers=True), random.Random(1), []
+    while len(shown) < pairs:
+        game.reset(rng.randrange(2**31))
+        game.step(game.legal_actions()[0])
+        if (tuple(sorted(game.numbers)), game.target) not in exclude:
+            shown.append((game.observation(1), game.expert_action()))
+    warm_up(model, tokenizer, shown, dataclasses.replace(TinyModelConfig(), warmup_steps=steps))
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def task_kind(numbers, target: int) -> str:
+    """What a task asks: ``copy`` (the target is one of the numbers), ``a+b``, ``a*b``, ``a-b`` of two of them, or
+    ``other`` (several operations, or a division)."""
+    if target in numbers:
+        return "copy"
+    pairs = [(a, b) for i, a in enumerate(numbers) for j, b in enumerate(numbers) if i != j]
+    for kind, value in (("a+b", lambda a, b: a + b), ("a*b", lambda a, b: a * b), ("a-b", lambda a, b: a - b)):
+        if any(value(a, b) == target for a, b in pairs):
+            return kind
+    return "other"
+
+
+def breakdown(run_dir: Path) -> str:
+    """The kept proposals' count and mean solve rate per count of numbers and per ``task_kind``, and the share
+    whose target is 1."""
+    groups: dict[str, list[float]] = {}
+    tasks = [task for kept in kept_tasks(run_dir) for task in kept if task["solve_rates"]]
+    for task in tasks:
+        rate = sum(task["solve_rates"]) / len(task["solve_rates"])
+        for key in (f"{len(task['numbers'])} numbers", task_kind(task["numbers"], task["target"])):
+            groups.setdefault(key, []).append(rate)
+    ones = sum(task["target"] == 1 for task in tasks) / max(1, len(tasks))
+    return " ".join(f"{k} {len(r)} ({sum(r) / len(r):.2f});" for k, r in sorted(groups.items())) + f" target 1: {ones:.2f}"
 
 
 def kept_tasks(run_dir: Path) -> list[list[dict]]:
@@ -108,6 +158,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--minutes", type=float, default=12.0, help="the run's training budget")
     parser.add_argument("--heldout", type=int, default=200, help="held-out tasks")
     parser.add_argument("--out", default="runs/bench-roles")
+    parser.add_argument("--ceiling", type=int, default=0, help="no run: N supervised steps on the expert's answers")
     args, overrides = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     minutes, count = args.minutes, args.heldout
@@ -117,6 +168,12 @@ def main(argv: list[str]) -> int:
                      "model.tiny.warmup_steps=30", "model.tiny.warmup_games=200", *overrides]
     cfg = load_config([*RECIPE, f"run.minutes={minutes}", f"run.dir={args.out}", "run.name=propose-solve", *overrides])
     base = ensure_base_model(cfg.model.cache_dir, tiny_model_config(cfg))
+    if args.ceiling:
+        tasks = heldout_tasks(count)
+        expert = expert_ceiling(base, args.ceiling, set(tasks), Path(args.out) / f"expert-sft-{args.ceiling}")
+        print(f"expert_sft_steps={args.ceiling} heldout_start={solve_rate(base, tasks):.3f} "
+              f"heldout_expert={solve_rate(expert, tasks):.3f}")
+        return 0
     summary = launch(cfg)
     run_dir = Path(summary["run_dir"])
     proposed = {(tuple(sorted(t["numbers"])), t["target"]) for tasks in kept_tasks(run_dir) for t in tasks}
@@ -125,6 +182,7 @@ def main(argv: list[str]) -> int:
     rate, valid = last_third(run_dir)
     print(f"held-out tasks {len(tasks)} (of {count}; the rest were proposed in the run); versions "
           f"{summary['final_version']}; run {summary['minutes']:.1f} min; {run_dir}")
+    print(f"kept proposals (solve rate): {breakdown(run_dir)}")
     show = lambda x: "nan" if x is None else f"{x:.3f}"  # noqa: E731
     print(f"solver_heldout_start={start:.3f} solver_heldout_final={final:.3f} solver_gain={final - start:.3f} "
           f"proposal_solve_rate_last_third={show(rate)} valid_proposals={show(valid)}")

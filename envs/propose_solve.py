@@ -10,12 +10,21 @@ prompt shows the task and nothing of the other solvers' answers; an answer is a 
 
 Rewards, all at the end: a solver 1 if its expression equals the target, else 0; the proposer the task's
 learnability, 1 - r when 0 < r < 1, else 0, where r is the share of solvers that solved it. A task all solve,
-or none, teaches nothing. A task the buffer holds already earns ``repeat_reward`` (default 0) times its
+or none, teaches nothing, and neither does one whose target is one of its numbers (``[3 4 5 -> 4]``: no
+arithmetic): it earns the proposer 0 whatever the solvers do. With dealt numbers a proposer paid for such tasks
+chose them for 62% of its tasks and the solvers learned to copy a number (benchmarks/RESULTS.md). A task the buffer holds already earns ``repeat_reward`` (default 0) times its
 learnability: without it the proposer settled on about 180 tasks, which the solvers learned by heart while
 their solve rate on tasks they had never seen fell (benchmarks/RESULTS.md, "Role self-play").
 
+With ``deal_numbers`` the env deals the numbers (2 to 4 of them in 1..``max_number``, from the episode's seed,
+redealt until some target in range is reachable) and the proposer writes only a target they reach, ``[17]``:
+Absolute Zero's proposer still sets the difficulty, through the target, but it cannot narrow the tasks to a few
+sets of numbers it likes. The verifier checks the target is reachable from the dealt numbers. A repeat is then
+the deal's doing (the same numbers dealt again and the same target picked), so ``repeat_reward`` applies only to
+tasks whose numbers the proposer chose: with dealt numbers every task pays its full learnability.
+
 Invalid moves follow ``envs.invalid``: a proposal that cannot be read, is out of range or claims an
-unreachable target is invalid, and so is a solver's answer that cannot be read. With no retries left the
+unreachable target (from its own numbers or the dealt ones) is invalid, and so is a solver's answer that cannot be read. With no retries left the
 proposer's forfeit ends the episode (the proposer gets ``invalid_penalty``, nobody else moves); a solver's
 forfeit costs that solver ``invalid_penalty`` and counts as unsolved, and the next solver answers
 (``forfeit_turn``). ``configs/env/propose_solve.yaml`` sets ``invalid_penalty: -0.5``.
@@ -39,11 +48,17 @@ from envs.task_buffer import TaskBuffer, shared_buffer
 
 MIN_NUMBERS, MAX_NUMBERS = 2, 4
 MAX_SOLVERS = 8
+MAX_DEALS = 1000  # redeals of numbers that reach no target in range before the settings are called impossible
 
 
 def learnability(solve_rate: float) -> float:
     """Absolute Zero's proposer reward: 1 - r for a task solved sometimes (0 < r < 1), else 0."""
     return 1.0 - solve_rate if 0.0 < solve_rate < 1.0 else 0.0
+
+
+def read_target(inside: str) -> int | None:
+    """``17`` as 17: the proposer's move when the numbers are dealt; None for anything but a whole number."""
+    return read_int(inside.strip())
 
 
 def read_proposal(inside: str) -> tuple[tuple[int, ...], int] | None:
@@ -64,7 +79,8 @@ class ProposeSolve:
 
     def __init__(self, solvers: int = 4, max_number: int = 10, max_target: int = 50,
                  buffer: TaskBuffer | None = None, buffer_share: float = 0.25, references: int = 2,
-                 max_new_tokens: int | None = None, repeat_reward: float = 0.0):
+                 max_new_tokens: int | None = None, repeat_reward: float = 0.0,
+                 deal_numbers: bool = False):
         if not 1 <= solvers <= MAX_SOLVERS:
             raise ValueError(f"solvers must be 1 to {MAX_SOLVERS}, not {solvers}")
         if not 1 <= max_number <= 1000 or not 1 <= max_target <= 10**6:
@@ -75,11 +91,13 @@ class ProposeSolve:
             raise ValueError(f"repeat_reward must lie in [0, 1], not {repeat_reward}")
         if references < 0:
             raise ValueError(f"references must be >= 0, not {references}")
+        if not isinstance(deal_numbers, bool):
+            raise ValueError(f"deal_numbers must be true or false, not {deal_numbers!r}")
         if buffer is not None and not isinstance(buffer, TaskBuffer):
             raise ValueError(f"buffer must be a TaskBuffer or None, not {type(buffer).__name__}")
         self.solvers, self.max_number, self.max_target = solvers, max_number, max_target
         self.buffer, self.buffer_share, self.references = buffer, buffer_share, references
-        self.repeat_reward = repeat_reward
+        self.repeat_reward, self.deal_numbers = repeat_reward, deal_numbers
         self.num_players = solvers + 1
         self.roles = ["proposer"] + ["solver"] * solvers
         self.max_tokens = max_new_tokens  # each turn's generation budget (None: the env actor's)
@@ -100,6 +118,21 @@ class ProposeSolve:
             task = self.buffer.sample(1, rng)[0]
             self.numbers, self.target = tuple(rng.sample(task.numbers, len(task.numbers))), task.target
         self.turn = 1 if self.replayed else 0
+        # the numbers dealt to the proposer: a function of the seed alone (not of the buffer's contents)
+        self.dealt = self._deal(random.Random(self._example_seed)) if self.deal_numbers and not self.replayed else None
+
+    def _deal(self, rng: random.Random) -> tuple[int, ...]:
+        for _ in range(MAX_DEALS):
+            numbers = tuple(rng.randint(1, self.max_number) for _ in range(rng.randint(MIN_NUMBERS, MAX_NUMBERS)))
+            if self._targets(numbers):
+                return numbers
+        raise ValueError(f"deal_numbers: {MAX_DEALS} deals of numbers from 1 to {self.max_number} reached no target "
+                         f"from 1 to {self.max_target}; widen max_target")
+
+    def _targets(self, numbers) -> list[int]:
+        """The whole targets in range that ``numbers`` reach, ascending."""
+        return sorted(int(v) for v in reachable(tuple(sorted(numbers)))
+                      if v.denominator == 1 and 1 <= v <= self.max_target)
 
     @property
     def current_player(self) -> int:
@@ -129,13 +162,20 @@ class ProposeSolve:
     def _proposer_prompt(self) -> str:
         earlier = "".join(f"\n{text}" + ("" if rate is None else f" solved {round(100 * rate)}%")
                           for text, rate in self.examples)
+        earlier = f"\nEarlier tasks:{earlier}" if earlier else ""
+        if self.dealt is not None:
+            return (f"Propose a Countdown target. Numbers: {' '.join(map(str, self.dealt))}. Write a target from 1 to "
+                    f"{self.max_target} that some of them reach with + - * / (each at most once). Example: for 3 4 5, "
+                    f"[17] (3 * 4 + 5). {self.solvers} solvers will try it: you score when some but not all solve "
+                    f"it.{earlier}\nTarget:")
         return (f"Propose a Countdown task: {MIN_NUMBERS} to {MAX_NUMBERS} numbers from 1 to {self.max_number}, "
                 f"'->', and a target from 1 to {self.max_target} that the numbers reach with + - * / (each number "
                 f"at most once). Example: [3 4 5 -> 17] (3 * 4 + 5). {self.solvers} solvers will try it: you score "
-                f"when some but not all solve it." + (f"\nEarlier tasks:{earlier}" if earlier else "") + "\nTask:")
+                f"when some but not all solve it.{earlier}\nTask:")
 
     def legal_actions(self) -> list[str]:
-        """A valid task for the proposer; for a solver, well-formed answers of the task's numbers (right or wrong:
+        """A valid task for the proposer (with dealt numbers: a target they reach, drawn evenly from those in range,
+        so the warm-up's proposer asks for targets of every difficulty); for a solver, well-formed answers of the task's numbers (right or wrong:
         a warm-up on them learns the form; ``expert_action`` is the right one)."""
         if self.done:
             return []
@@ -161,11 +201,12 @@ class ProposeSolve:
 
     def _some_proposal(self) -> str:
         """A valid task, the same for a seed."""
+        if self.dealt is not None:
+            return str(random.Random(self._example_seed + 1).choice(self._targets(self.dealt)))
         rng = random.Random(self._example_seed)
         while True:
             numbers = [rng.randint(1, self.max_number) for _ in range(rng.randint(MIN_NUMBERS, MAX_NUMBERS))]
-            targets = sorted(int(v) for v in reachable(tuple(sorted(numbers)))
-                             if v.denominator == 1 and 1 <= v <= self.max_target)
+            targets = self._targets(numbers)
             if targets:
                 return f"{' '.join(map(str, numbers))} -> {rng.choice(targets)}"
 
@@ -178,12 +219,25 @@ class ProposeSolve:
         return StepResult([0.0] * self.num_players, terminated=False, invalid=True, info={"reason": reason})
 
     def _propose(self, action_text: str) -> StepResult:
+        if self.dealt is not None:
+            return self._propose_target(action_text)
         proposal = first_move(action_text, read_proposal)
         if proposal is None:
             return self._invalid(f"a task like [3 4 5 -> 17]: {MIN_NUMBERS} to {MAX_NUMBERS} numbers, '->', a target")
         numbers, target = proposal
         if not all(1 <= n <= self.max_number for n in numbers) or not 1 <= target <= self.max_target:
             return self._invalid(f"numbers from 1 to {self.max_number} and a target from 1 to {self.max_target}")
+        return self._set_task(numbers, target)
+
+    def _propose_target(self, action_text: str) -> StepResult:
+        target = first_move(action_text, read_target)
+        if target is None:
+            return self._invalid("a target like [17]: one whole number in brackets")
+        if not 1 <= target <= self.max_target:
+            return self._invalid(f"a target from 1 to {self.max_target}")
+        return self._set_task(self.dealt, target)
+
+    def _set_task(self, numbers: tuple[int, ...], target: int) -> StepResult:
         if Fraction(target) not in reachable(tuple(sorted(numbers))):
             return self._invalid(f"{target} cannot be reached from {' '.join(map(str, numbers))}")
         self.numbers, self.target, self.turn = numbers, target, 1
@@ -211,11 +265,14 @@ class ProposeSolve:
         rate = sum(self.solved) / self.solvers
         if self.buffer is not None:
             self.buffer.record(self.numbers, self.target, rate)
-        proposer = 0.0 if self.replayed else learnability(rate) * (1.0 if self.novel else self.repeat_reward)
+        # with dealt numbers a repeat is the deal's doing, not the proposer's: it pays in full
+        repeat = 1.0 if self.novel or self.deal_numbers else self.repeat_reward
+        trivial = self.target in self.numbers  # no arithmetic: copying a number solves it
+        proposer = 0.0 if self.replayed or trivial else learnability(rate) * repeat
         return StepResult([proposer, *(float(s) for s in self.solved)], terminated=True,
                           info={"correct": correct, "task": self.task_text(), "solve_rate": rate,
                                 "solved": list(self.solved), "replayed": self.replayed,
-                                "novel": self.novel})
+                                "novel": self.novel, "trivial": trivial})
 
 
 def build(buffer: str | TaskBuffer | None = "propose_solve", buffer_capacity: int = 1024, **kwargs) -> ProposeSolve:

@@ -292,3 +292,83 @@ def test_a_task_the_buffer_holds_earns_the_proposer_only_repeat_reward():
             result = g.step("[3 + 4]")
             rewards.append(result.rewards[0])
         assert rewards == expected and result.info["novel"] is False
+
+
+def targets_of(numbers, max_target=50):
+    return sorted(int(v) for v in reachable(tuple(sorted(numbers))) if v.denominator == 1 and 1 <= v <= max_target)
+
+
+def test_dealt_numbers_come_from_the_seed_and_the_proposer_writes_only_a_target():
+    deals = {}
+    for seed in range(40):
+        g = game(deal_numbers=True)
+        g.reset(seed)
+        again = game(deal_numbers=True)
+        again.reset(seed)
+        assert g.dealt == again.dealt and g.legal_actions() == again.legal_actions()  # the seed decides
+        assert 2 <= len(g.dealt) <= 4 and all(1 <= n <= 10 for n in g.dealt) and targets_of(g.dealt)
+        assert f"Numbers: {' '.join(map(str, g.dealt))}." in g.observation(0) and g.observation(0).endswith("Target:")
+        deals[seed] = (g.dealt, g.legal_actions()[0])
+        assert not g.step(g.legal_actions()[0]).invalid and g.numbers == g.dealt  # a legal target sets the task
+        assert g.target == int(deals[seed][1][1:-1]) and f"Numbers: {' '.join(map(str, g.dealt))}." in g.observation(1)
+        assert evaluate(parse_expression(g.expert_action()[1:-1])) == g.target
+    assert len({d for d, _ in deals.values()}) > 30 and len({t for _, t in deals.values()}) > 15  # diverse tasks
+
+
+def test_a_dealt_task_is_scored_like_a_proposed_one():
+    g = game(deal_numbers=True, solvers=2)
+    g.reset(7)
+    target = targets_of(g.dealt)[-1]
+    right = reachable(tuple(sorted(g.dealt)))[Fraction(target)]
+    results = play(g, [f"the target is [{target}]", f"[{right}]", "[1]"])
+    assert results[-1].terminated and results[-1].rewards == [0.5, 1.0, 0.0]
+    assert results[-1].info["task"] == f"[{' '.join(map(str, g.dealt))} -> {target}]"
+
+
+@pytest.mark.parametrize("move,reason", [
+    ("[3 4 5 -> 17]", "a target like [17]"), ("17", "a target like [17]"), ("[-3]", "a target like [17]"),
+    ("[0]", "a target from 1 to 50"), ("[51]", "a target from 1 to 50"), ("unreachable", "cannot be reached")])
+def test_an_invalid_target_for_dealt_numbers_ends_the_episode(move, reason):
+    g = game(deal_numbers=True)
+    g.reset(3)
+    if move == "unreachable":
+        move = f"[{next(t for t in range(1, 51) if t not in targets_of(g.dealt))}]"
+    result = g.step(move)
+    assert result.invalid and result.terminated and reason in result.info["reason"]
+    assert result.rewards == [-0.5, 0.0, 0.0, 0.0, 0.0] and g.numbers is None
+
+
+def test_with_dealt_numbers_a_repeat_pays_its_full_learnability():
+    """A repeat is the deal's doing when the env picks the numbers: repeat_reward applies only to chosen numbers."""
+    buffer, rewards = TaskBuffer(capacity=16), []
+    for _ in range(2):
+        g = ProposeSolve(solvers=2, buffer=buffer, buffer_share=0.0, repeat_reward=0.0, deal_numbers=True)
+        g.reset(11)
+        target = next(t for t in targets_of(g.dealt) if t not in g.dealt)
+        g.step(f"[{target}]")
+        g.step(f"[{reachable(tuple(sorted(g.dealt)))[Fraction(target)]}]")
+        result = g.step("[1000]")
+        rewards.append(result.rewards[0])
+    assert rewards == [0.5, 0.5] and result.info["novel"] is False and len(buffer) == 1
+
+
+def test_a_replayed_episode_deals_nothing_and_deal_numbers_must_be_a_bool():
+    buffer = TaskBuffer(8)
+    buffer.record([3, 4, 5], 17, 0.5)
+    g = game(buffer=buffer, buffer_share=1.0, deal_numbers=True)
+    g.reset(0)
+    assert g.dealt is None and g.current_player == 1 and g.numbers is not None
+    with pytest.raises(ValueError, match="deal_numbers must be true or false"):
+        ProposeSolve(deal_numbers="yes")
+
+
+@pytest.mark.parametrize("deal_numbers", [False, True])
+def test_a_target_that_is_one_of_the_numbers_earns_the_proposer_nothing(deal_numbers):
+    """No arithmetic is needed to reach it: it is valid, the solvers are scored, and the proposer gets 0."""
+    g = game(solvers=2, deal_numbers=deal_numbers)
+    g.reset(5)
+    numbers = g.dealt or (3, 4, 5)
+    proposal = f"[{numbers[0]}]" if deal_numbers else f"[3 4 5 -> {numbers[0]}]"
+    results = play(g, [proposal, f"[{numbers[0]}]", "[1000]"])
+    assert not any(r.invalid for r in results) and results[-1].rewards == [0.0, 1.0, 0.0]
+    assert results[-1].info["trivial"] and results[-1].info["solve_rate"] == 0.5
