@@ -36,7 +36,7 @@ from pathlib import Path
 
 RECIPE = [  # configs/recipe/propose_solve.yaml, and a base model warmed up on the recipe without a task buffer
     "+recipe=propose_solve", "model.tiny.warmup_env=propose_solve",
-    "++model.tiny.warmup_env_args={solvers:4,buffer:null,deal_numbers:true}", "model.tiny.warmup_expert_share=0.3", "run.progress=false",
+    "++model.tiny.warmup_env_args={solvers:4,buffer:null}", "model.tiny.warmup_expert_share=0.3", "run.progress=false",
 ]
 
 
