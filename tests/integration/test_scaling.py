@@ -80,13 +80,17 @@ def test_env_actors_scaled_2_to_3_to_1_keep_eta_0_on_policy_and_lose_nothing(ray
 
 def test_the_run_goes_on_while_leaving_env_actors_finish_their_episodes(ray_session, tiny_model_dir, tmp_path):
     """Every generation takes a second (``latency_s``), so a TicTacToe episode takes several: the leaving env
-    actor needs seconds to deliver what it started, and meanwhile the run's loop goes on writing its metrics."""
+    actor needs seconds to deliver what it started, and meanwhile the run's loop goes on writing its metrics.
+    A wide staleness bound keeps admission open, so the leaving actor always has its four episodes in flight (with
+    the default bound it could be waiting on admission when told to leave, with nothing to finish)."""
     cfg = small_config(tmp_path, **{"model.path": tiny_model_dir, "run.minutes": 5, "run.log_every_s": 0.25,
-                                    "env.count": 2, "rollout.args.latency_s": 1.0, "env.args.concurrency": 4})
+                                    "env.count": 2, "rollout.args.latency_s": 1.0, "env.args.concurrency": 4,
+                                    "learner.max_staleness": 16})
     background = BackgroundRun(cfg)
     run = background.run
     try:
         wait_for(lambda: background.last_row({"version": 0})["version"] >= 1, "training", timeout=240)
+        wait_for(lambda: run.cluster.statistics("env-1")["training_in_flight"] >= 4, "the leaving actor's episodes")
         assert send_scale(run.dir, "env", 1).ok
         wait_for(lambda: run.scaler.events and "applied" in run.scaler.events[0], "the scale", timeout=240)
     finally:
