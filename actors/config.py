@@ -15,6 +15,7 @@ each other, naming the keys.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import types
 import typing
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from actors.learner import LearnerConfig
 from actors.replay import ReplayConfig
 from actors.reward import RewardConfig
 from actors.rollout import RolloutConfig
+from actors.runs.wandb_log import MODES as WANDB_MODES
 
 # Fields of the actors' configs that the topology builder fills in: not settable under ``<group>.args``.
 BUILT = {
@@ -204,6 +206,9 @@ class EvalSection:
 class ObserveSection:
     tensorboard: bool = True  # every metric as it is measured, as TensorBoard events under <run dir>/tensorboard
     dataset: bool = True  # every trained episode as Parquet under <run dir>/episodes/<life>/<member>/
+    wandb: bool = False  # the same figures as TensorBoard to Weights & Biases (the wandb extra)
+    wandb_project: str = "tidal"
+    wandb_mode: str = "offline"  # offline: kept under <run dir>/wandb, no network (`wandb sync` later); or online
 
 
 @dataclass
@@ -263,6 +268,14 @@ def register() -> None:
     ConfigStore.instance().store(name="tidal_schema", node=RunConfig)
 
 
+def observe_problems(observe: ObserveSection) -> list[str]:
+    if observe.wandb_mode not in WANDB_MODES:
+        return [f"observe.wandb_mode must be one of {', '.join(WANDB_MODES)}, not {observe.wandb_mode!r}"]
+    if observe.wandb and importlib.util.find_spec("wandb") is None:
+        return ["observe.wandb=true needs the wandb extra: pip install -e '.[wandb]'"]
+    return []
+
+
 def check(cfg: RunConfig) -> None:
     """Refuse, before anything starts, a config whose parts contradict each other (or would fail only once
     actors run), naming the keys."""
@@ -278,6 +291,7 @@ def check(cfg: RunConfig) -> None:
         problems.append("rollout.autoscale.enabled needs run.mode=ray (in one process no actor can leave)")
     if cfg.learner.ranks > 1 and cfg.run.mode != "ray":
         problems.append(f"learner.ranks={cfg.learner.ranks} needs run.mode=ray (each rank is a process of its own)")
+    problems += observe_problems(cfg.observe)
     run = cfg.run
     for key, value, ok, wanted in (("max_restarts", run.max_restarts, run.max_restarts >= 1, ">= 1 (run.restart="
                                     "false restarts nothing)"), ("restart_window_s", run.restart_window_s,

@@ -40,6 +40,7 @@ from actors.runs.recovery import (GroupRecovery, RestartLimit, RestartsExhausted
                                   statistics_or_recover)
 from actors.runs.scaling import Scaler
 from actors.runs.tensorboard import TensorBoardLog
+from actors.runs.wandb_log import WandbLog
 from actors.topology import Topology, build_topology
 from streams.private_files import SHM_DIR, sweep_stale
 
@@ -77,7 +78,10 @@ class Driver:
         (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
         self.metrics = MetricsLog(self.dir, window_s=run.return_window_s, window_episodes=run.return_window_episodes)
         if cfg.observe.tensorboard:  # every row as TensorBoard events too, written here: the actors pay nothing
-            self.metrics.tensorboard = TensorBoardLog(self.dir)
+            self.metrics.writers.append(TensorBoardLog(self.dir))
+        if cfg.observe.wandb:  # and to Weights & Biases, the optional extra
+            self.metrics.writers.append(WandbLog(self.dir, dataclasses.asdict(cfg), cfg.observe.wandb_project,
+                                                 cfg.observe.wandb_mode))
         self.resumed = cfg.resume is not None
         # A resumed run continues its clock and its curves: its budget is the run's, not one more of it.
         self.offset_s = self.metrics.load() if self.resumed else 0.0
@@ -162,6 +166,9 @@ class Driver:
         except KeyboardInterrupt:
             interrupted = True
             log.warning("interrupted: stopping the run and writing what it measured")
+        except BaseException:
+            self._close_writers()  # what they were given is kept (a W&B run marked finished)
+            raise
         finally:
             if control is not None:
                 control.close()
@@ -171,6 +178,11 @@ class Driver:
             cluster.shutdown()  # a league writes its state as it stops
             self._sweep()
         return self._summarize(interrupted, table)
+
+    def _close_writers(self) -> None:
+        for writer in self.metrics.writers:
+            writer.close()
+        self.metrics.writers = []
 
     def set_training(self, on: bool, envs: list[str] | None = None) -> None:
         """Let the env actors (``envs``: these only) start training episodes, or stop them."""
@@ -330,8 +342,7 @@ class Driver:
             summary["table"] = table
             summary["league_results_lost"] = self.steward.results_lost if self.steward else 0
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        if self.metrics.tensorboard is not None:
-            self.metrics.tensorboard.close()
+        self._close_writers()
         if evaluations and self.cfg.league is None:
             plot_learning_curve(evaluations, rows, self.dir / "learning_curve.png", self.cfg.eval.opponent)
         return summary

@@ -65,7 +65,7 @@ class MetricsLog:
         self.rows: list[dict] = []
         self.counters = ContinuedCounters()
         self.restarts = 0
-        self.tensorboard = None  # a TensorBoardLog (tensorboard.py): each row goes to it too
+        self.writers: list = []  # live writers (figures.py: TensorBoard, W&B): each row goes to them too
 
     def restarted(self, name: str) -> None:
         """``name`` died and was restarted: what it had counted stays in the totals (no negative rates)."""
@@ -166,13 +166,13 @@ class MetricsLog:
             row["evaluation"] = evaluation
         if rates:
             self._last = (now, totals)
-        if self.tensorboard is not None:  # what watching has cost the driver so far, measured
-            row["tensorboard_cpu_s"] = self.tensorboard.cpu_s
+        for writer in self.writers:  # what watching has cost the driver so far, measured
+            row[f"{writer.name}_cpu_s"] = writer.cpu_s
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        if self.tensorboard is not None:
-            self.tensorboard.write(row)
+        for writer in self.writers:
+            writer.write(row)
         return row
 
 

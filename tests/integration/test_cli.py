@@ -10,6 +10,7 @@ from rich.console import Console
 
 from actors.cli import main
 from actors.runs.top import render
+from tests import wandb_records
 from tests.integration.topology import dataset_accounts
 
 pytestmark = pytest.mark.ray
@@ -31,8 +32,8 @@ def test_tidal_launch_end_to_end(backend, tiny_model_dir, tmp_path):
             f"rollout.backend={backend}"]
     if backend == "vllm":  # synchronous: every trained token comes from the learner's weights of the moment
         args.append("learner.max_staleness=0")
-    else:  # the adaptive bound, between 0 and 3
-        args += ["learner.max_staleness=auto", "learner.args.staleness.max=3"]
+    else:  # the adaptive bound, between 0 and 3; and the figures to Weights & Biases too, offline
+        args += ["learner.max_staleness=auto", "learner.args.staleness.max=3", "observe.wandb=true"]
     run = tmp_path / "smoke"
     with open(tmp_path / "out.txt", "w") as stdout, open(tmp_path / "err.txt", "w") as stderr:  # no pipe to fill
         process = subprocess.Popen([sys.executable, "-m", "actors.cli", "launch", *args], stdout=stdout,
@@ -67,7 +68,11 @@ def test_tidal_launch_end_to_end(backend, tiny_model_dir, tmp_path):
     assert all(gap <= 4e-4 for gap in same), same
     if backend == "vllm":  # with eta 0 every batch has them
         assert len(same) == len(trained)
-    check_tensorboard_and_dataset(run)
+    tensorboard_tags = check_tensorboard_and_dataset(run)
+    if backend != "vllm":  # W&B's offline run holds the same figures, the last version among them
+        logged = wandb_records.history(run)
+        assert {k for e in logged for k in e} - {"elapsed_s", "_step", "_runtime", "_timestamp"} == tensorboard_tags
+        assert [e["throughput/version"] for e in logged if "throughput/version" in e][-1] >= 3
 
 
 def top_while_running(process, run) -> str:
@@ -87,9 +92,9 @@ def read_lines(path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def check_tensorboard_and_dataset(run) -> None:
+def check_tensorboard_and_dataset(run) -> set[str]:
     """The run's TensorBoard events read back with TensorBoard's reader; its episode dataset with DuckDB: every
-    episode the learner trained (its final checkpoint's count) exactly once."""
+    episode the learner trained (its final checkpoint's count) exactly once. Returns the TensorBoard tags."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run / "tensorboard"))
@@ -99,6 +104,7 @@ def check_tensorboard_and_dataset(run) -> None:
     assert events.Scalars("throughput/version")[-1].value >= 3
     accounts = dataset_accounts(run)
     assert sum(accounts["per_life"].values()) == accounts["trained"] > 0 and accounts["twice"] == [], accounts
+    return set(tags["scalars"]) | set(tags["histograms"])
 
 
 def test_a_bad_override_fails_with_a_clear_message(capsys):

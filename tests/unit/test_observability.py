@@ -18,7 +18,9 @@ from actors.dataset import EpisodeDataset
 from actors.runs.export import export_run
 from actors.runs.tensorboard import TensorBoardLog
 from actors.runs.top import render
+from actors.runs.wandb_log import WandbLog, wandb_run_id
 from actors.spill import Spill
+from tests import wandb_records
 from tests.integration.test_replay_actor import episode
 
 
@@ -149,3 +151,46 @@ def test_export_writes_the_batches_the_checkpoint_consumed_from_the_spill(tmp_pa
     assert found == [(1, 2, 0), (2, 2, 0)]  # batch 3 was not checkpointed; the trained version is unknown
     with pytest.raises(FileExistsError, match="holds a dataset already"):
         export_run(tmp_path)
+
+
+def test_the_same_figures_reach_weights_and_biases_offline(tmp_path):
+    """The W&B writer is fed the rows the TensorBoard one is, and logs the same tags (read back from the offline
+    run's own file), each row at its elapsed seconds, the histograms with their counts."""
+    board, wandb_log = TensorBoardLog(tmp_path), WandbLog(tmp_path, {"run": {"name": "test"}})
+    for row in rows():
+        board.write(row)
+        wandb_log.write(row)
+    board.close()
+    wandb_log.close()
+    logged = wandb_records.history(tmp_path)
+    tags = {key for entry in logged for key in entry} - {"elapsed_s", "_step", "_runtime", "_timestamp"}
+    assert tags == board.tags == wandb_log.tags
+    episodes = [(e["elapsed_s"], e["throughput/episodes_per_s"]) for e in logged if "throughput/episodes_per_s" in e]
+    assert episodes == [(0, 20), (5, 21), (10, 22), (15, 23)]
+    assert [(e["elapsed_s"], e["eval/main_vs_random/nonloss"]) for e in logged
+            if "eval/main_vs_random/nonloss" in e] == [(15, 0.8125)]
+    staleness = logged[-2]["staleness/all_tokens"]  # the last row's (the evaluation came after it)
+    assert staleness["_type"] == "histogram" and staleness["values"] == [50, 30, 20]
+    assert staleness["bins"] == [-0.5, 0.5, 1.5, 2.5]
+    batch = logged[-2]["staleness/batch_tokens"]  # values 0 and 2: the missing 1 counts zero
+    assert batch["values"] == [5, 0, 3]
+    weights = logged[-2]["staleness/importance_weights"]
+    assert weights["values"] == [4, 90, 6] and weights["bins"] == pytest.approx([0.5, 0.7071, 1, 2], rel=1e-3)
+
+
+def test_a_resumed_run_goes_on_in_the_same_wandb_run(tmp_path):
+    first = WandbLog(tmp_path, {})
+    first.write(rows()[0])
+    first.close()
+    again = WandbLog(tmp_path, {})
+    again.write(rows()[1])
+    again.close()
+    assert first.run.id == again.run.id == wandb_run_id(tmp_path) != wandb_run_id(tmp_path / "other")
+    assert [e["elapsed_s"] for e in wandb_records.history(tmp_path)] == [0, 5]
+
+
+def test_wandb_settings_are_checked_before_a_run_starts(tmp_path):
+    from actors.cli import load_config
+
+    with pytest.raises(ValueError, match="observe.wandb_mode must be one of offline, online, not 'cloud'"):
+        load_config([f"run.dir={tmp_path}", "observe.wandb_mode=cloud"])
