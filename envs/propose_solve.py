@@ -11,7 +11,8 @@ prompt shows the task and nothing of the other solvers' answers; an answer is a 
 Rewards, all at the end: a solver 1 if its expression equals the target, else 0; the proposer the task's
 learnability, 1 - r when 0 < r < 1, else 0, where r is the share of solvers that solved it. A task all solve,
 or none, teaches nothing, and neither does one whose target is one of its numbers (``[3 4 5 -> 4]``: no
-arithmetic): it earns the proposer 0 whatever the solvers do. With dealt numbers a proposer paid for such tasks
+arithmetic): it earns the proposer 0 whatever the solvers do (with ``copy_target="invalid"`` it is an invalid proposal, so
+the legal proposals of the warm-up never copy either). With dealt numbers a proposer paid for such tasks
 chose them for 62% of its tasks and the solvers learned to copy a number (benchmarks/RESULTS.md). A task the buffer holds already earns ``repeat_reward`` (default 0) times its
 learnability: without it the proposer settled on about 180 tasks, which the solvers learned by heart while
 their solve rate on tasks they had never seen fell (benchmarks/RESULTS.md, "Role self-play").
@@ -49,6 +50,7 @@ from envs.task_buffer import TaskBuffer, shared_buffer
 MIN_NUMBERS, MAX_NUMBERS = 2, 4
 MAX_SOLVERS = 8
 MAX_DEALS = 1000  # redeals of numbers that reach no target in range before the settings are called impossible
+COPY_TARGETS = ("unpaid", "invalid")  # a target that is one of the numbers: valid but earning 0, or invalid
 
 
 def learnability(solve_rate: float) -> float:
@@ -80,7 +82,7 @@ class ProposeSolve:
     def __init__(self, solvers: int = 4, max_number: int = 10, max_target: int = 50,
                  buffer: TaskBuffer | None = None, buffer_share: float = 0.25, references: int = 2,
                  max_new_tokens: int | None = None, repeat_reward: float = 0.0,
-                 deal_numbers: bool = False):
+                 deal_numbers: bool = False, copy_target: str = "unpaid"):
         if not 1 <= solvers <= MAX_SOLVERS:
             raise ValueError(f"solvers must be 1 to {MAX_SOLVERS}, not {solvers}")
         if not 1 <= max_number <= 1000 or not 1 <= max_target <= 10**6:
@@ -93,11 +95,13 @@ class ProposeSolve:
             raise ValueError(f"references must be >= 0, not {references}")
         if not isinstance(deal_numbers, bool):
             raise ValueError(f"deal_numbers must be true or false, not {deal_numbers!r}")
+        if copy_target not in COPY_TARGETS:
+            raise ValueError(f"copy_target must be one of {', '.join(COPY_TARGETS)}, not {copy_target!r}")
         if buffer is not None and not isinstance(buffer, TaskBuffer):
             raise ValueError(f"buffer must be a TaskBuffer or None, not {type(buffer).__name__}")
         self.solvers, self.max_number, self.max_target = solvers, max_number, max_target
         self.buffer, self.buffer_share, self.references = buffer, buffer_share, references
-        self.repeat_reward, self.deal_numbers = repeat_reward, deal_numbers
+        self.repeat_reward, self.deal_numbers, self.copy_target = repeat_reward, deal_numbers, copy_target
         self.num_players = solvers + 1
         self.roles = ["proposer"] + ["solver"] * solvers
         self.max_tokens = max_new_tokens  # each turn's generation budget (None: the env actor's)
@@ -130,9 +134,11 @@ class ProposeSolve:
                          f"from 1 to {self.max_target}; widen max_target")
 
     def _targets(self, numbers) -> list[int]:
-        """The whole targets in range that ``numbers`` reach, ascending."""
+        """The whole targets in range that ``numbers`` reach (and, with ``copy_target=invalid``, that are none of
+        them), ascending."""
+        copies = set(numbers) if self.copy_target == "invalid" else set()
         return sorted(int(v) for v in reachable(tuple(sorted(numbers)))
-                      if v.denominator == 1 and 1 <= v <= self.max_target)
+                      if v.denominator == 1 and 1 <= v <= self.max_target and int(v) not in copies)
 
     @property
     def current_player(self) -> int:
@@ -240,6 +246,8 @@ class ProposeSolve:
     def _set_task(self, numbers: tuple[int, ...], target: int) -> StepResult:
         if Fraction(target) not in reachable(tuple(sorted(numbers))):
             return self._invalid(f"{target} cannot be reached from {' '.join(map(str, numbers))}")
+        if self.copy_target == "invalid" and target in numbers:
+            return self._invalid(f"{target} is one of the numbers: a task must need arithmetic")
         self.numbers, self.target, self.turn = numbers, target, 1
         self.novel = self.buffer is None or self.buffer.get(numbers, target) is None
         return StepResult([0.0] * self.num_players, terminated=False, info={"task": self.task_text()})

@@ -372,3 +372,21 @@ def test_a_target_that_is_one_of_the_numbers_earns_the_proposer_nothing(deal_num
     results = play(g, [proposal, f"[{numbers[0]}]", "[1000]"])
     assert not any(r.invalid for r in results) and results[-1].rewards == [0.0, 1.0, 0.0]
     assert results[-1].info["trivial"] and results[-1].info["solve_rate"] == 0.5
+
+
+@pytest.mark.parametrize("deal_numbers", [False, True])
+def test_with_copy_target_invalid_a_target_that_is_one_of_the_numbers_is_a_forfeit(deal_numbers):
+    """``copy_target=invalid``: a task must need arithmetic; the proposer's forfeit ends the episode, and the
+    legal proposals (the warm-up's) never copy a number."""
+    g = game(solvers=2, deal_numbers=deal_numbers, copy_target="invalid")
+    g.reset(5)
+    numbers = g.dealt or (3, 4, 5)
+    proposal = f"[{numbers[0]}]" if deal_numbers else f"[3 4 5 -> {numbers[0]}]"
+    result = g.step(proposal)
+    assert result.invalid and "is one of the numbers" in result.info["reason"]
+    for seed in range(50):
+        g.reset(seed)
+        g.step(g.legal_actions()[0])
+        assert g.turn == 1 and g.target not in g.numbers
+    with pytest.raises(ValueError, match="copy_target must be one of unpaid, invalid"):
+        ProposeSolve(copy_target="free")
