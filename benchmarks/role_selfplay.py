@@ -19,6 +19,9 @@ last third from the proposer's turns in the metrics. Last line:
 
 `--quick` (a few minutes): a short in-process run and 40 held-out tasks; it checks the harness.
 
+`--answers MODEL_DIR` (no run): what that model writes on the held-out tasks, greedily: right, wrong, unreadable or
+with numbers not given, its commonest operator sequences, and what it gets right by kind of task.
+
 `--ceiling N` (no run): the base model after N supervised steps on right answers (the env's expert) to random
 dealt tasks outside the held-out set, scored on the held-out set: what direct supervision makes of the tiny
 model, a reference for the solver's gain. Last line: `expert_sft_steps=N heldout_start=<x> heldout_expert=<x>`.
@@ -52,8 +55,9 @@ def heldout_tasks(count: int, seed: int = 20261126) -> list[tuple[tuple[int, ...
     return sorted(tasks)
 
 
-def solve_rate(model_dir: Path, tasks: list) -> float:
-    """The share of ``tasks`` the model at ``model_dir`` answers right, greedily, as a solver of the game."""
+def answers(model_dir: Path, tasks: list):
+    """Each task with the answer the model at ``model_dir`` writes, greedily, as a solver of the game, and the
+    game's verdict: (numbers, target, answer, right)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -61,7 +65,6 @@ def solve_rate(model_dir: Path, tasks: list) -> float:
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    right = 0
     for numbers, target in tasks:
         game = ProposeSolve(solvers=1)
         game.reset(0)
@@ -71,8 +74,38 @@ def solve_rate(model_dir: Path, tasks: list) -> float:
             out = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=tokenizer.pad_token_id)
         answer = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
         result = game.step(answer)
-        right += bool(not result.invalid and result.info.get("correct"))
-    return right / len(tasks)
+        yield numbers, target, answer, bool(not result.invalid and result.info.get("correct"))
+
+
+def solve_rate(model_dir: Path, tasks: list) -> float:
+    """The share of ``tasks`` the model at ``model_dir`` answers right, greedily, as a solver of the game."""
+    return sum(right for *_, right in answers(model_dir, tasks)) / len(tasks)
+
+
+def answer_forms(model_dir: Path, tasks: list) -> str:
+    """What the solver writes: right, wrong, unreadable, or with numbers it was not given; the commonest operator
+    sequences of its readable answers; and the tasks of each ``task_kind`` it gets right."""
+    from collections import Counter
+
+    from envs.actions import first_move
+    from envs.countdown import numbers_used, parse_expression
+
+    verdicts, forms, kinds, right_kinds = Counter(), Counter(), Counter(), Counter()
+    for numbers, target, answer, right in answers(model_dir, tasks):
+        kind = task_kind(numbers, target)
+        kinds[kind] += 1
+        expression = first_move(answer, parse_expression)
+        if expression is None:
+            verdicts["unreadable"] += 1
+            continue
+        forms[" ".join(item for item in expression if isinstance(item, str)) or "a number"] += 1
+        if numbers_used(expression) - Counter(numbers):
+            verdicts["other numbers"] += 1
+        else:
+            verdicts["right" if right else "wrong"] += 1
+        right_kinds[kind] += right
+    return (f"answers: {dict(verdicts)}; operators: {forms.most_common(5)}; right by kind: "
+            + ", ".join(f"{kind} {right_kinds[kind]}/{n}" for kind, n in sorted(kinds.items())))
 
 
 def expert_ceiling(base: Path, steps: int, exclude: set, out: Path, pairs: int = 20_000) -> Path:
@@ -159,7 +192,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--heldout", type=int, default=200, help="held-out tasks")
     parser.add_argument("--out", default="runs/bench-roles")
     parser.add_argument("--ceiling", type=int, default=0, help="no run: N supervised steps on the expert's answers")
+    parser.add_argument("--answers", metavar="MODEL_DIR", help="no run: what this model writes on the held-out tasks")
     args, overrides = parser.parse_known_args(argv)
+    if args.answers:
+        print(answer_forms(Path(args.answers), heldout_tasks(args.heldout)))
+        return 0
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     minutes, count = args.minutes, args.heldout
     if args.quick:

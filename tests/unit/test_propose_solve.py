@@ -390,3 +390,19 @@ def test_with_copy_target_invalid_a_target_that_is_one_of_the_numbers_is_a_forfe
         assert g.turn == 1 and g.target not in g.numbers
     with pytest.raises(ValueError, match="copy_target must be one of unpaid, invalid"):
         ProposeSolve(copy_target="free")
+
+
+def test_the_benchmarks_answer_forms_account_for_every_held_out_task(tiny_model_dir):
+    """``role_selfplay.py --answers``: every task's answer is right, wrong, unreadable or of other numbers, and
+    the tasks by kind add up to the set."""
+    import ast
+    import re
+
+    from benchmarks.role_selfplay import answer_forms, heldout_tasks
+
+    text = answer_forms(tiny_model_dir, heldout_tasks(12))
+    verdicts = ast.literal_eval(re.search(r"answers: (\{.*?\});", text)[1])
+    assert set(verdicts) <= {"right", "wrong", "unreadable", "other numbers"} and sum(verdicts.values()) == 12
+    kinds = re.findall(r"(\w[\w+*-]*) (\d+)/(\d+)", text.split("right by kind: ")[1])
+    assert sum(int(n) for *_, n in kinds) == 12 and all(int(r) <= int(n) for _, r, n in kinds)
+    assert sum(int(r) for _, r, _ in kinds) == verdicts.get("right", 0)
