@@ -139,7 +139,7 @@ class Trainer:
         torch.set_num_threads(self.cfg.threads)
         torch.manual_seed(self.cfg.seed)
         self.model, self.tokenizer = self._policy(checkpoint or self.cfg.model_path)
-        if self.cfg.objective.kl_coef > 0:
+        if self.cfg.objective.anchored:
             self.reference = load_policy(self.cfg.model_path)[0].to(self.device)  # forward only: not sharded
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=0.0)
         self._fresh_optimizer = copy.deepcopy(self.optimizer.state_dict())

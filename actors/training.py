@@ -50,6 +50,8 @@ class Objective:
     kl_coef: float = 0.0  # > 0: KL penalty towards a reference policy (the starting one)
     kl_estimator: str = "loss"  # loss: k3 in the loss (forward KL's gradient) | reward: a cost in the advantage
     # (reverse KL; magnetic mirror descent)
+    kl_coef_by_role: dict[str, float] = field(default_factory=dict)  # a named role's own coefficient (others: kl_coef), e.g.
+    # {solver: 0.1, proposer: 0.0}: anchor one role of a role game and leave another free
     entropy_coef: float = 0.0  # > 0: entropy bonus
     max_grad_norm: float = 1.0
     minibatches: int = 4  # optimizer steps per batch; > 1 recomputes pi_prox before the first
@@ -63,7 +65,21 @@ class Objective:
             raise ValueError(f"minibatches must be >= 1, not {self.minibatches}")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; choose one of {', '.join(KL_ESTIMATORS)}")
+        self.kl_coef_by_role = dict(self.kl_coef_by_role or {})
+        for role, coef in [("kl_coef", self.kl_coef), *self.kl_coef_by_role.items()]:
+            if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not coef >= 0:
+                raise ValueError(f"a KL coefficient must be a number >= 0, not {coef!r} (for {role})")
         self.weight_range = tuple(self.weight_range)
+
+
+    @property
+    def anchored(self) -> bool:
+        """Does any row pay a KL penalty towards the reference policy (which must then be loaded)?"""
+        return self.kl_coef > 0 or any(coef > 0 for coef in self.kl_coef_by_role.values())
+
+    def kl_coefs(self, role_keys: list[tuple]) -> torch.Tensor:
+        """Each row's KL coefficient: its role's (``kl_coef_by_role``) or ``kl_coef``."""
+        return torch.tensor([float(self.kl_coef_by_role.get(key[2], self.kl_coef)) for key in role_keys])
 
 
 @dataclass
@@ -361,12 +377,13 @@ def _micro_loss(objective: Objective, mb: TokenBatch, logits, logprobs, proximal
     behaviour = mb.behaviour_logprobs[:, 1:]
     token_advantages, kl_stats = advantages[:, None].expand_as(logprobs), {}
     ref_logprobs = None
-    if reference is not None and objective.kl_coef > 0:
+    if reference is not None and objective.anchored:
+        coefs = objective.kl_coefs(mb.role_keys).to(logprobs.device)[:, None]  # [rows, 1]
         with torch.no_grad(), autocast:
             ref_logprobs = action_logprobs(reference, mb, temperature)
         if objective.kl_estimator == "reward":
             cost, kl_stats = kl_cost_to_go(proximal, ref_logprobs, mask)
-            token_advantages = token_advantages - objective.kl_coef * cost
+            token_advantages = token_advantages - coefs * cost
     loss, s = _loss(objective, logprobs, proximal, behaviour, token_advantages, mask)
     s.update(kl_stats)
     if objective.entropy_coef > 0:
@@ -374,8 +391,8 @@ def _micro_loss(objective: Objective, mb: TokenBatch, logits, logprobs, proximal
         loss = loss - objective.entropy_coef * entropy
         s.update(e)
     if ref_logprobs is not None and objective.kl_estimator == "loss":
-        kl, k = kl_penalty(logprobs, ref_logprobs, mask)
-        loss = loss + objective.kl_coef * kl
+        penalty, k = kl_penalty(logprobs, ref_logprobs, mask, coefs)
+        loss = loss + penalty
         s.update(k)
     return loss, s
 

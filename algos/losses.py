@@ -72,15 +72,17 @@ def ppo_clip_loss(
     return loss, stats
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor):
-    """KL(pi_theta || pi_ref) per token with the k3 estimator (Schulman, "Approximating KL divergence", 2020).
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, coefs=1.0):
+    """The penalty sum over tokens of coef * KL(pi_theta || pi_ref) / tokens, with the k3 estimator per token
+    (Schulman, "Approximating KL divergence", 2020), and the plain KL's mean as ``kl_ref``.
 
     k3 = exp(ref - logp) - (ref - logp) - 1 is unbiased for samples from pi_theta and never negative.
-    Keeping a self-play policy near its reference keeps its play diverse.
+    Keeping a self-play policy near its reference keeps its play diverse. ``coefs``: one coefficient, or one per
+    row ([rows, 1]: a role's own).
     """
     delta = _kept(ref_logprobs - logprobs, mask)
-    kl = masked_mean(torch.exp(delta) - delta - 1.0, mask)
-    return kl, {"kl_ref": kl.item()}
+    k3 = torch.exp(delta) - delta - 1.0
+    return masked_mean(coefs * k3, mask), {"kl_ref": masked_mean(k3, mask).item()}
 
 
 def kl_cost_to_go(proximal_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor):

@@ -138,6 +138,36 @@ def test_the_kl_as_a_cost_pulls_sampled_moves_towards_the_reference(model_and_to
         Objective(kl_estimator="k2")
 
 
+@pytest.mark.parametrize("estimator", ["loss", "reward"])
+def test_a_roles_own_kl_coefficient_anchors_that_role_alone(model_and_tokenizer, tiny_model_dir, estimator):
+    """kl_coef_by_role={solver: 1}: with nothing to learn from the returns, a batch of solver rows moves the weights
+    (the KL towards a perturbed reference), and the same batch as proposer rows (coefficient 0) does not."""
+    _, tok = model_and_tokenizer
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():
+        for param in reference.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(5)))
+    ps = prompts(tok)[:3]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    samples = sample(model, ps, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=4,
+                     generator=torch.Generator().manual_seed(4))
+    objective = Objective(loss="reinforce", advantage="grpo_mean", kl_coef=0.0, kl_coef_by_role={"solver": 1.0},
+                          kl_estimator=estimator, minibatches=1)
+    assert objective.anchored and objective.kl_coefs([("e", "m", "solver"), ("e", "m", "proposer")]).tolist() == [1, 0]
+    moved = {}
+    for role in ("solver", "proposer"):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+        before = [p.detach().clone() for p in model.parameters()]
+        rows = [{**row(p, s, ret=0.0, episode=f"e{i}"), Columns.ROLE: role} for i, (p, s) in enumerate(zip(ps, samples))]
+        batch = collate(trajectory_table(rows), tok.pad_token_id)
+        policy_gradient_step(model, torch.optim.SGD(model.parameters(), lr=0.05), batch, objective, TrainerState(),
+                             temperature=1.0, reference=reference)
+        moved[role] = sum((p.detach() - b).abs().sum().item() for p, b in zip(model.parameters(), before))
+    assert moved["solver"] > 0 and moved["proposer"] == 0, moved
+    with pytest.raises(ValueError, match="a KL coefficient must be a number >= 0"):
+        Objective(kl_coef_by_role={"solver": -1})
+
+
 def test_the_same_version_gap_leaves_out_tokens_of_older_versions(model_and_tokenizer, tiny_model_dir):
     """logprob_gap mixes staleness with engine mismatch; logprob_gap_same_version holds the mismatch alone."""
     _, tok = model_and_tokenizer
