@@ -1,8 +1,7 @@
 """From a training batch (an Arrow table of agent-turns) to one policy-gradient update.
 
 ``Objective`` names the advantage estimator and the loss (pure functions in ``algos/``) and their
-settings; ``policy_gradient_step`` computes returns, advantages and the loss, and steps the optimizer.
-"""
+settings; ``policy_gradient_step`` computes returns, advantages and the loss, and steps the optimizer."""
 
 from __future__ import annotations
 
@@ -50,27 +49,23 @@ class Objective:
     kl_coef: float = 0.0  # > 0: KL penalty towards a reference policy (the starting one)
     kl_estimator: str = "loss"  # loss: k3 in the loss (forward KL's gradient) | reward: a cost in the advantage
     # (reverse KL; magnetic mirror descent)
-    kl_coef_by_role: dict[str, float] = field(default_factory=dict)  # a named role's own coefficient (others: kl_coef), e.g.
-    # {solver: 0.1, proposer: 0.0}: anchor one role of a role game and leave another free
+    kl_coef_by_role: dict[str, float] = field(default_factory=dict)  # a named role's own (others: kl_coef)
     entropy_coef: float = 0.0  # > 0: entropy bonus
     max_grad_norm: float = 1.0
     minibatches: int = 4  # optimizer steps per batch; > 1 recomputes pi_prox before the first
 
     def __post_init__(self):
-        if self.loss not in LOSSES:
-            raise ValueError(f"unknown loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
-        if self.advantage not in ADVANTAGES:
-            raise ValueError(f"unknown advantage estimator {self.advantage!r}; choose one of {', '.join(ADVANTAGES)}")
+        for what, value, known in (("loss", self.loss, LOSSES), ("advantage estimator", self.advantage, ADVANTAGES),
+                                    ("KL estimator", self.kl_estimator, KL_ESTIMATORS)):
+            if value not in known:
+                raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(known)}")
         if self.minibatches < 1:
             raise ValueError(f"minibatches must be >= 1, not {self.minibatches}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; choose one of {', '.join(KL_ESTIMATORS)}")
         self.kl_coef_by_role = dict(self.kl_coef_by_role or {})
         for role, coef in [("kl_coef", self.kl_coef), *self.kl_coef_by_role.items()]:
             if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not coef >= 0:
                 raise ValueError(f"a KL coefficient must be a number >= 0, not {coef!r} (for {role})")
         self.weight_range = tuple(self.weight_range)
-
 
     @property
     def anchored(self) -> bool:
@@ -84,8 +79,7 @@ class Objective:
 
 @dataclass
 class TrainerState:
-    """What the objective carries from batch to batch: stable role ids, their RAE baselines and, for
-    ``rae_state``, the mean returns per observed state."""
+    """What the objective carries from batch to batch: role ids, RAE baselines, rae_state's means per state."""
 
     role_ids: dict[tuple, int] = field(default_factory=dict)
     baselines: dict[int, float] = field(default_factory=dict)
