@@ -151,7 +151,8 @@ def breakdown(run_dir: Path) -> str:
         for key in (f"{len(task['numbers'])} numbers", task_kind(task["numbers"], task["target"])):
             groups.setdefault(key, []).append(rate)
     ones = sum(task["target"] == 1 for task in tasks) / max(1, len(tasks))
-    return " ".join(f"{k} {len(r)} ({sum(r) / len(r):.2f});" for k, r in sorted(groups.items())) + f" target 1: {ones:.2f}"
+    kinds = " ".join(f"{k} {len(r)} ({sum(r) / len(r):.2f});" for k, r in sorted(groups.items()))
+    return f"{kinds} target 1: {ones:.2f}"
 
 
 def kept_tasks(run_dir: Path) -> list[list[dict]]:

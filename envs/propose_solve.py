@@ -11,11 +11,12 @@ prompt shows the task and nothing of the other solvers' answers; an answer is a 
 Rewards, all at the end: a solver 1 if its expression equals the target, else 0; the proposer the task's
 learnability, 1 - r when 0 < r < 1, else 0, where r is the share of solvers that solved it. A task all solve,
 or none, teaches nothing, and neither does one whose target is one of its numbers (``[3 4 5 -> 4]``: no
-arithmetic): it earns the proposer 0 whatever the solvers do (with ``copy_target="invalid"`` it is an invalid proposal, so
-the legal proposals of the warm-up never copy either). With dealt numbers a proposer paid for such tasks
-chose them for 62% of its tasks and the solvers learned to copy a number (benchmarks/RESULTS.md). A task the buffer holds already earns ``repeat_reward`` (default 0) times its
-learnability: without it the proposer settled on about 180 tasks, which the solvers learned by heart while
-their solve rate on tasks they had never seen fell (benchmarks/RESULTS.md, "Role self-play").
+arithmetic): it earns the proposer 0 whatever the solvers do (with ``copy_target="invalid"`` it is an invalid
+proposal, so the legal proposals of the warm-up never copy either). With dealt numbers a proposer paid for such
+tasks chose them for 62% of its tasks and the solvers learned to copy a number (benchmarks/RESULTS.md). A task
+the buffer holds already earns ``repeat_reward`` (default 0) times its learnability: without it the proposer
+settled on about 180 tasks, which the solvers learned by heart while their solve rate on tasks they had never
+seen fell (benchmarks/RESULTS.md, "Role self-play").
 
 With ``deal_numbers`` the env deals the numbers (2 to 4 of them in 1..``max_number``, from the episode's seed,
 redealt until some target in range is reachable) and the proposer writes only a target they reach, ``[17]``:
@@ -25,10 +26,10 @@ the deal's doing (the same numbers dealt again and the same target picked), so `
 tasks whose numbers the proposer chose: with dealt numbers every task pays its full learnability.
 
 Invalid moves follow ``envs.invalid``: a proposal that cannot be read, is out of range or claims an
-unreachable target (from its own numbers or the dealt ones) is invalid, and so is a solver's answer that cannot be read. With no retries left the
-proposer's forfeit ends the episode (the proposer gets ``invalid_penalty``, nobody else moves); a solver's
-forfeit costs that solver ``invalid_penalty`` and counts as unsolved, and the next solver answers
-(``forfeit_turn``). ``configs/env/propose_solve.yaml`` sets ``invalid_penalty: -0.5``.
+unreachable target (from its own numbers or the dealt ones) is invalid, and so is a solver's answer that cannot
+be read. With no retries left the proposer's forfeit ends the episode (the proposer gets ``invalid_penalty``,
+nobody else moves); a solver's forfeit costs that solver ``invalid_penalty`` and counts as unsolved, and the next
+solver answers (``forfeit_turn``). ``configs/env/propose_solve.yaml`` sets ``invalid_penalty: -0.5``.
 
 With a ``buffer`` (``envs.task_buffer``), each finished episode records its task's solve rate there; the
 proposer's prompt shows ``references`` stored tasks as examples; and with probability ``buffer_share`` an
@@ -180,9 +181,10 @@ class ProposeSolve:
                 f"when some but not all solve it.{earlier}\nTask:")
 
     def legal_actions(self) -> list[str]:
-        """A valid task for the proposer (with dealt numbers: a target they reach, drawn evenly from those in range,
-        so the warm-up's proposer asks for targets of every difficulty); for a solver, well-formed answers of the task's numbers (right or wrong:
-        a warm-up on them learns the form; ``expert_action`` is the right one)."""
+        """A valid task for the proposer (with dealt numbers: a target they reach, drawn evenly from those in
+        range, so the warm-up's proposer asks for targets of every difficulty); for a solver, well-formed answers
+        of the task's numbers (right or wrong: a warm-up on them learns the form; ``expert_action`` is the right
+        one)."""
         if self.done:
             return []
         if self.turn == 0:

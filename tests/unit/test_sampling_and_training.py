@@ -158,7 +158,8 @@ def test_a_roles_own_kl_coefficient_anchors_that_role_alone(model_and_tokenizer,
     for role in ("solver", "proposer"):
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
         before = [p.detach().clone() for p in model.parameters()]
-        rows = [{**row(p, s, ret=0.0, episode=f"e{i}"), Columns.ROLE: role} for i, (p, s) in enumerate(zip(ps, samples))]
+        rows = [{**row(p, s, ret=0.0, episode=f"e{i}"), Columns.ROLE: role}
+                for i, (p, s) in enumerate(zip(ps, samples))]
         batch = collate(trajectory_table(rows), tok.pad_token_id)
         policy_gradient_step(model, torch.optim.SGD(model.parameters(), lr=0.05), batch, objective, TrainerState(),
                              temperature=1.0, reference=reference)
