@@ -7,17 +7,17 @@ says), and waits for credit when every link is full. A receiver acknowledges wha
 half window, and always before it waits for more. A receiver opened with ``ack_when_done`` hands a message over
 unacknowledged and counts it done only when its actor asks for the next one: an actor that keeps what it receives
 (replay spills it to disk) or passes it on (reward, once the next actor has acknowledged it) loses nothing
-acknowledged when it is killed, and its successor is sent again what it had not finished (and, if the connection
-dropped while the last acknowledgement was on its way, the message before it: such consumers drop copies by id).
+acknowledged when it is killed, and its successor is sent again what it had not finished (and, if it died before its
+last acknowledgement was out, the messages that one covered: such consumers drop copies by id).
 One opened with ``ack_when_done="explicit"`` hands each message with a token, and counts it done when its actor
 calls ``done(token)``, in any order: an actor that holds several at once (a batching reward actor) acknowledges each
 sender's up to the oldest it still holds (`zmq_receiver`).
 Nothing is dropped at a high-water mark: the credits bound every queue, and a receiver's high-water marks sit
 just above its window, so a peer that ignores the credits is held back by TCP, not buffered (a sender's send mark
-is higher: `sender_hwm`). When a link's
-connection drops (the receiver restarted, or the network failed), the sender opens a fresh socket and sends again
-everything not yet acknowledged; the receiver drops (and counts) what it already delivered, so nothing acknowledged
-is lost and nothing is delivered twice. The receiving end, and what it rejects, is `zmq_receiver`.
+is higher: `sender_hwm`). When a link's connection drops (the receiver restarted, or the network failed), the
+sender takes the acknowledgements that arrived before the drop, opens a fresh socket and sends again everything not
+yet acknowledged; the receiver drops (and counts) what it already delivered, so nothing acknowledged is lost and
+nothing is delivered twice. The receiving end, and what it rejects, is `zmq_receiver`.
 
 Every socket is a `zmq_socket.TrioSocket` (how trio waits on ZeroMQ is told there, with the pub/sub endpoints);
 the CURVE keys and the rule that binding beyond loopback needs them are in `security`.
@@ -192,6 +192,7 @@ class ZmqSender:
                             nursery.start_soon(_cancel_after, nursery.cancel_scope, link.stalled.wait)
                     finally:
                         link.sock = None
+                        self._take_queued_acks(link, sock)
                 self._stats["reconnects"] += 1
                 log.info("link to %s dropped; resending %d unacknowledged messages", link.address, len(link.unacked))
                 if link.stalled.is_set():
@@ -199,19 +200,30 @@ class ZmqSender:
 
     async def _read_acks(self, link: _Link, sock: TrioSocket) -> None:
         while True:
-            frames = await sock.receive()
-            try:
-                kind, seq, window = decode_link(frames[0]) if len(frames) == 1 else (None, 0, 0)
-                if kind is not LinkType.ACK:
-                    raise FrameError(f"expected an acknowledgement, got {len(frames)} parts", "bad_link")
-                link.acknowledged(seq, window)
-            except FrameError as error:
-                self._drops.drop(error.reason, error)
-                continue
-            except Exception as error:  # whatever a peer sends back is never this sender's crash
-                self._drops.drop("receive_error", f"{type(error).__name__}: {error}")
-                continue
-            self._credit.unpark_all()
+            self._take_ack(link, await sock.receive())
+
+    def _take_queued_acks(self, link: _Link, sock: TrioSocket) -> None:
+        """A link dropped: take the acknowledgements its socket had queued and no task had read yet. A receiver
+        that closes acknowledges last and then disconnects, and TCP delivers the acknowledgement before the
+        disconnection; a sender busy elsewhere sees both at once, and without this would send the last
+        acknowledged messages again, to the receiver's successor."""
+        with contextlib.suppress(zmq.Again, zmq.ZMQError):
+            while True:
+                self._take_ack(link, sock.receive_nowait())
+
+    def _take_ack(self, link: _Link, frames: list) -> None:
+        try:
+            kind, seq, window = decode_link(frames[0]) if len(frames) == 1 else (None, 0, 0)
+            if kind is not LinkType.ACK:
+                raise FrameError(f"expected an acknowledgement, got {len(frames)} parts", "bad_link")
+            link.acknowledged(seq, window)
+        except FrameError as error:
+            self._drops.drop(error.reason, error)
+            return
+        except Exception as error:  # whatever a peer sends back is never this sender's crash
+            self._drops.drop("receive_error", f"{type(error).__name__}: {error}")
+            return
+        self._credit.unpark_all()
 
     def statistics(self) -> dict:
         in_flight = sum(len(link.unacked) for link in self._links.values())

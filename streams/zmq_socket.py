@@ -55,6 +55,10 @@ class TrioSocket:
         parts, _ = await self._call(self._receive_parts, zmq.POLLIN, before_wait)
         return parts
 
+    def receive_nowait(self) -> list:
+        """The next message waiting; zmq.Again if none is (for a socket no task is waiting on)."""
+        return self._receive_parts()
+
     def _receive_parts(self) -> list:
         """The parts of one message (zmq.Again if none is waiting); each frame says whether more follow."""
         frame = self.socket.recv(_NOBLOCK, copy=False)

@@ -98,6 +98,36 @@ def test_a_restarted_receiver_gets_what_was_not_acknowledged_once():
     trio.run(test)
 
 
+def test_an_acknowledgement_that_came_before_the_drop_counts_though_never_read(monkeypatch):
+    """A busy sender sees a receiver's last acknowledgement and its disconnection at once; the acknowledgement
+    still counts, and the receiver's successor is not sent again what the receiver delivered."""
+    from streams.zmq_channels import ZmqSender
+
+    async def never_read(self, link, sock):  # the sender's task that reads acknowledgements never runs
+        await trio.sleep_forever()
+
+    monkeypatch.setattr(ZmqSender, "_read_acks", never_read)
+
+    async def test():
+        transport = ZmqTransport()
+        async with transport.open_sender(capacity=8) as sender:
+            async with transport.open_receiver(capacity=8) as first:
+                address = first.address
+                sender.connect(address)
+                for i in range(3):
+                    await sender.send(numbered(i))
+                assert await receive_numbers(first, 3) == [0, 1, 2]
+            # `first` acknowledged all three as it closed
+            async with transport.open_receiver(capacity=8, address=address) as second:
+                with trio.fail_after(10):
+                    await sender.drain()
+                await assert_quiet(second)
+                assert second.statistics()["duplicates"] == 0
+                assert sender.statistics()["reconnects"] >= 1
+
+    trio.run(test)
+
+
 def test_a_restarted_sender_is_a_new_peer():
     async def test():
         transport = ZmqTransport()
