@@ -89,6 +89,7 @@ def answer_forms(model_dir: Path, tasks: list) -> str:
 
     from envs.actions import first_move
     from envs.countdown import numbers_used, parse_expression
+    from envs.propose_solve import task_kind
 
     verdicts, forms, kinds, right_kinds = Counter(), Counter(), Counter(), Counter()
     for numbers, target, answer, right in answers(model_dir, tasks):
@@ -129,21 +130,11 @@ def expert_ceiling(base: Path, steps: int, exclude: set, out: Path, pairs: int =
     return out
 
 
-def task_kind(numbers, target: int) -> str:
-    """What a task asks: ``copy`` (the target is one of the numbers), ``a+b``, ``a*b``, ``a-b`` of two of them, or
-    ``other`` (several operations, or a division)."""
-    if target in numbers:
-        return "copy"
-    pairs = [(a, b) for i, a in enumerate(numbers) for j, b in enumerate(numbers) if i != j]
-    for kind, value in (("a+b", lambda a, b: a + b), ("a*b", lambda a, b: a * b), ("a-b", lambda a, b: a - b)):
-        if any(value(a, b) == target for a, b in pairs):
-            return kind
-    return "other"
-
-
 def breakdown(run_dir: Path) -> str:
     """The kept proposals' count and mean solve rate per count of numbers and per ``task_kind``, and the share
     whose target is 1."""
+    from envs.propose_solve import task_kind
+
     groups: dict[str, list[float]] = {}
     tasks = [task for kept in kept_tasks(run_dir) for task in kept if task["solve_rates"]]
     for task in tasks:

@@ -25,6 +25,12 @@ sets of numbers it likes. The verifier checks the target is reachable from the d
 the deal's doing (the same numbers dealt again and the same target picked), so ``repeat_reward`` applies only to
 tasks whose numbers the proposer chose: with dealt numbers every task pays its full learnability.
 
+With ``balance_kinds`` the proposer is paid for the variety of what its tasks ask (``task_kind``: a copy, one
+``a+b``, ``a*b`` or ``a-b``, or several operations). A kind that took more than a fair share (one in four of the
+kinds that pay) of the buffer's recent proposals (``envs.task_buffer.KINDS_KEPT``) pays its learnability times
+that fair share over its own (``kind_balance``): a proposer that writes ``a - b`` for every task earns a quarter
+of its learnability.
+
 Invalid moves follow ``envs.invalid``: a proposal that cannot be read, is out of range or claims an
 unreachable target (from its own numbers or the dealt ones) is invalid, and so is a solver's answer that cannot
 be read. With no retries left the proposer's forfeit ends the episode (the proposer gets ``invalid_penalty``,
@@ -52,11 +58,32 @@ MIN_NUMBERS, MAX_NUMBERS = 2, 4
 MAX_SOLVERS = 8
 MAX_DEALS = 1000  # redeals of numbers that reach no target in range before the settings are called impossible
 COPY_TARGETS = ("unpaid", "invalid")  # a target that is one of the numbers: valid but earning 0, or invalid
+KINDS = ("copy", "a+b", "a*b", "a-b", "other")  # ``task_kind``
 
 
 def learnability(solve_rate: float) -> float:
     """Absolute Zero's proposer reward: 1 - r for a task solved sometimes (0 < r < 1), else 0."""
     return 1.0 - solve_rate if 0.0 < solve_rate < 1.0 else 0.0
+
+
+def task_kind(numbers, target: int) -> str:
+    """What a task asks (``KINDS``): ``copy`` (the target is one of the numbers), ``a+b``, ``a*b``, ``a-b`` of two
+    of them, or ``other`` (several operations, or a division)."""
+    if target in numbers:
+        return "copy"
+    pairs = [(a, b) for i, a in enumerate(numbers) for j, b in enumerate(numbers) if i != j]
+    for kind, value in (("a+b", lambda a, b: a + b), ("a*b", lambda a, b: a * b), ("a-b", lambda a, b: a - b)):
+        if any(value(a, b) == target for a, b in pairs):
+            return kind
+    return "other"
+
+
+def kind_balance(count: int, total: int) -> float:
+    """``balance_kinds``' factor on the proposer's reward for a task of a kind that took ``count`` of the ``total``
+    recent proposals: 1 up to a fair share of the kinds that pay (every kind but ``copy``), less in proportion
+    above. One proposal of each kind is counted besides, so that a run's first few do not decide."""
+    share, fair = (count + 1) / (total + len(KINDS)), 1.0 / (len(KINDS) - 1)
+    return 1.0 if share <= fair else fair / share
 
 
 def read_target(inside: str) -> int | None:
@@ -83,7 +110,7 @@ class ProposeSolve:
     def __init__(self, solvers: int = 4, max_number: int = 10, max_target: int = 50,
                  buffer: TaskBuffer | None = None, buffer_share: float = 0.25, references: int = 2,
                  max_new_tokens: int | None = None, repeat_reward: float = 0.0,
-                 deal_numbers: bool = False, copy_target: str = "unpaid"):
+                 deal_numbers: bool = False, copy_target: str = "unpaid", balance_kinds: bool = False):
         if not 1 <= solvers <= MAX_SOLVERS:
             raise ValueError(f"solvers must be 1 to {MAX_SOLVERS}, not {solvers}")
         if not 1 <= max_number <= 1000 or not 1 <= max_target <= 10**6:
@@ -100,9 +127,13 @@ class ProposeSolve:
             raise ValueError(f"copy_target must be one of {', '.join(COPY_TARGETS)}, not {copy_target!r}")
         if buffer is not None and not isinstance(buffer, TaskBuffer):
             raise ValueError(f"buffer must be a TaskBuffer or None, not {type(buffer).__name__}")
+        if not isinstance(balance_kinds, bool) or (balance_kinds and buffer is None):
+            raise ValueError(f"balance_kinds must be true or false, and true needs a buffer (the recent kinds are "
+                             f"counted there), not {balance_kinds!r} with buffer {buffer!r}")
         self.solvers, self.max_number, self.max_target = solvers, max_number, max_target
         self.buffer, self.buffer_share, self.references = buffer, buffer_share, references
         self.repeat_reward, self.deal_numbers, self.copy_target = repeat_reward, deal_numbers, copy_target
+        self.balance_kinds = balance_kinds
         self.num_players = solvers + 1
         self.roles = ["proposer"] + ["solver"] * solvers
         self.max_tokens = max_new_tokens  # each turn's generation budget (None: the env actor's)
@@ -252,6 +283,8 @@ class ProposeSolve:
             return self._invalid(f"{target} is one of the numbers: a task must need arithmetic")
         self.numbers, self.target, self.turn = numbers, target, 1
         self.novel = self.buffer is None or self.buffer.get(numbers, target) is None
+        if self.buffer is not None:
+            self.buffer.note_kind(task_kind(numbers, target))
         return StepResult([0.0] * self.num_players, terminated=False, info={"task": self.task_text()})
 
     def _solve(self, action_text: str) -> StepResult:
@@ -279,6 +312,9 @@ class ProposeSolve:
         repeat = 1.0 if self.novel or self.deal_numbers else self.repeat_reward
         trivial = self.target in self.numbers  # no arithmetic: copying a number solves it
         proposer = 0.0 if self.replayed or trivial else learnability(rate) * repeat
+        if self.balance_kinds and proposer:
+            kinds = self.buffer.recent_kinds()
+            proposer *= kind_balance(kinds[task_kind(self.numbers, self.target)], kinds.total())
         return StepResult([proposer, *(float(s) for s in self.solved)], terminated=True,
                           info={"correct": correct, "task": self.task_text(), "solve_rate": rate,
                                 "solved": list(self.solved), "replayed": self.replayed,

@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import random
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -30,6 +31,7 @@ from envs.countdown import MAX_SEARCHED, reachable
 
 log = logging.getLogger(__name__)
 RATES_KEPT = 32  # solve rates kept per task (its most recent)
+KINDS_KEPT = 256  # the kinds of the most recent proposals (``note_kind``), repeats included
 MAX_VALUE = 10**9 - 1  # the largest number or target a stored task may hold (9 digits, as a move may)
 SCHEMA = pa.schema([("numbers", pa.list_(pa.int64())), ("target", pa.int64()), ("solve_rates", pa.list_(pa.float64()))])
 
@@ -71,6 +73,8 @@ class TaskBuffer:
         self.capacity = capacity
         self._rng = random.Random(seed)  # ``sample``'s draws when no rng is given
         self._tasks: dict[Key, Task] = {}  # insertion order: oldest first
+        self._kinds: deque[str] = deque(maxlen=KINDS_KEPT)
+        self._kind_counts: Counter[str] = Counter()  # of ``_kinds``
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -96,6 +100,17 @@ class TaskBuffer:
             task.solve_rates = [*task.solve_rates[-(RATES_KEPT - 1):], float(solve_rate)]
         return task
 
+    def note_kind(self, kind: str) -> None:
+        """A proposal of ``kind`` (what its task asks; not kept with the buffer)."""
+        if len(self._kinds) == self._kinds.maxlen:
+            self._kind_counts[self._kinds[0]] -= 1
+        self._kinds.append(kind)
+        self._kind_counts[kind] += 1
+
+    def recent_kinds(self) -> Counter[str]:
+        """The last ``KINDS_KEPT`` proposals counted by kind."""
+        return +self._kind_counts  # a copy, without kinds counted down to 0
+
     def sample(self, n: int, rng: random.Random | None = None) -> list[Task]:
         """``n`` different tasks (all of them when it holds fewer), drawn uniformly with ``rng``."""
         tasks = self.tasks()
@@ -110,7 +125,8 @@ class TaskBuffer:
             histogram[min(int(rate * bins), bins - 1)] += 1
         return {"size": len(self._tasks), "solve_rate_histogram": histogram,
                 "unrated": len(self._tasks) - len(rates),
-                "mean_solve_rate": sum(rates) / len(rates) if rates else None}
+                "mean_solve_rate": sum(rates) / len(rates) if rates else None,
+                "recent_kinds": dict(sorted(self.recent_kinds().items()))}
 
     def to_table(self) -> pa.Table:
         tasks = self.tasks()

@@ -10,7 +10,7 @@ import trio
 
 from actors.episode import EpisodeSettings, play_episode
 from envs.countdown import numbers_used, evaluate, parse_expression, reachable
-from envs.propose_solve import ProposeSolve
+from envs.propose_solve import ProposeSolve, kind_balance, task_kind
 from envs.registry import make
 from envs.task_buffer import SCHEMA, TaskBuffer, shared_buffer
 from streams.messages import Completion
@@ -390,6 +390,35 @@ def test_with_copy_target_invalid_a_target_that_is_one_of_the_numbers_is_a_forfe
         assert g.turn == 1 and g.target not in g.numbers
     with pytest.raises(ValueError, match="copy_target must be one of unpaid, invalid"):
         ProposeSolve(copy_target="free")
+
+
+def test_task_kinds_name_what_a_task_asks():
+    assert [task_kind(n, t) for n, t in [((3, 4, 5), 4), ((3, 4, 5), 9), ((3, 4, 5), 20), ((3, 4, 5), 1),
+                                         ((3, 4, 5), 17), ((2, 4), 2)]] == ["copy", "a+b", "a*b", "a-b", "other",
+                                                                           "copy"]
+
+
+def test_with_balance_kinds_a_kind_past_its_fair_share_pays_less():
+    """The proposer's learnability is scaled by a fair share (a quarter) over its kind's share of the recent
+    proposals, one of each kind counted besides: the first task's kind has a share of 2 in 6, and once three of
+    four recent tasks were `a * b`, 4 in 9."""
+    buffer = TaskBuffer(capacity=16)
+
+    def proposer_reward(task: str, answers: list[str]) -> float:
+        g = ProposeSolve(solvers=2, buffer=buffer, buffer_share=0.0, balance_kinds=True)
+        g.reset(0)
+        return play(g, [task, *answers])[-1].rewards[0]
+
+    assert kind_balance(0, 0) == kind_balance(1, 10) == 1.0 and kind_balance(7, 11) == 0.5
+    assert proposer_reward("[3 4 5 -> 9]", ["[3 + 4]", "[4 + 5]"]) == pytest.approx(0.5 * 0.25 / (2 / 6))
+    for task in ["[3 4 5 -> 12]", "[2 4 5 -> 20]"]:
+        proposer_reward(task, ["[3 * 4]", "[4 * 5]"])
+    assert buffer.statistics()["recent_kinds"] == {"a*b": 2, "a+b": 1}
+    assert proposer_reward("[2 3 5 -> 15]", ["[3 * 5]", "[2]"]) == pytest.approx(0.5 * 0.25 / (4 / 9))
+    assert proposer_reward("[2 3 5 -> 2]", ["[2]", "[3]"]) == 0.0  # a copy: unpaid, and counted
+    assert buffer.recent_kinds() == {"a*b": 3, "a+b": 1, "copy": 1}
+    with pytest.raises(ValueError, match="balance_kinds .* needs a buffer"):
+        ProposeSolve(balance_kinds=True, buffer=None)
 
 
 def test_the_benchmarks_answer_forms_account_for_every_held_out_task(tiny_model_dir):
