@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 
 from streams.stats import stream_totals
@@ -188,7 +189,8 @@ def episodes_per_s(rows: list[dict], since: float, until: float) -> float | None
 
 def role_figures(envs: list[dict], learner: dict) -> dict:
     """A role game's figures: per role, turns and invalid moves so far over the env actors and the learner's last
-    return; the task buffer's size and mean solve rate. Empty for a game without roles."""
+    return; the task buffer's size, mean solve rate and the kinds of the recent proposals. Empty for a game without
+    roles."""
     figures = {}
     for role in sorted({role for s in envs for role in s.get("turns_by_role", {})}):
         turns = sum(s.get("turns_by_role", {}).get(role, 0) for s in envs)
@@ -200,6 +202,10 @@ def role_figures(envs: list[dict], learner: dict) -> dict:
         rates = [b["mean_solve_rate"] for b in buffers if b.get("mean_solve_rate") is not None]
         figures.update(task_buffer_size=max(b["size"] for b in buffers),
                        task_solve_rate=sum(rates) / len(rates) if rates else None)
+        kinds = Counter()  # what the recent proposals asked, over the env actors (``envs.propose_solve.task_kind``)
+        for b in buffers:
+            kinds.update(b.get("recent_kinds", {}))
+        figures.update({f"task_kind_share_{kind}": count / kinds.total() for kind, count in sorted(kinds.items())})
     figures.update({key: value for key, value in learner.get("last", {}).items() if key.startswith("return_role_")})
     return figures
 

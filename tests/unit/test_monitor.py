@@ -79,13 +79,14 @@ def test_a_role_games_figures_are_in_each_row_and_on_the_curve(tmp_path):
     both = stats(4, 1.0)
     both["learner"]["last"] = {"return_role_proposer": 0.25, "return_role_solver": 0.5, "return_seat0": 0.25}
     both["env-0"].update(turns_by_role={"proposer": 4, "solver": 12}, invalid_by_role={"proposer": 1, "solver": 0},
-                         task_buffer={"size": 3, "mean_solve_rate": 0.5})
+                         task_buffer={"size": 3, "mean_solve_rate": 0.5, "recent_kinds": {"a+b": 2, "copy": 1}})
     both["env-1"] = {**stats(2, 0.0)["env-0"], "turns_by_role": {"proposer": 4}, "invalid_by_role": {"proposer": 3},
-                     "task_buffer": {"size": 2, "mean_solve_rate": None}}
+                     "task_buffer": {"size": 2, "mean_solve_rate": None, "recent_kinds": {"a+b": 1}}}
     row = log.snapshot(both)
     assert row["invalid_rate_role_proposer"] == 4 / 8 and row["invalid_rate_role_solver"] == 0.0
     assert (row["return_role_proposer"], row["return_role_solver"]) == (0.25, 0.5)
     assert (row["task_buffer_size"], row["task_solve_rate"]) == (3, 0.5)
+    assert (row["task_kind_share_a+b"], row["task_kind_share_copy"]) == (0.75, 0.25)
     evaluation = {"minute": 0.0, "nonloss": 0.5, "nonloss_by_seat": {0: 0.5}}
     plot_learning_curve([evaluation], log.rows, tmp_path / "curve.png", "random")
     assert (tmp_path / "curve.png").stat().st_size > 0
