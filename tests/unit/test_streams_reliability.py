@@ -128,6 +128,30 @@ def test_an_acknowledgement_that_came_before_the_drop_counts_though_never_read(m
     trio.run(test)
 
 
+def test_a_disconnected_receiver_is_sent_nothing_more_and_its_unacknowledged_messages_count_as_dropped():
+    """Scale-down: the sender stops sending to a receiver it disconnects; what that one had not acknowledged is
+    dropped and counted (the caller sends it again elsewhere, as `PolicyClient.reissue` does), and every later
+    message goes to the receivers left."""
+    async def test():
+        transport = ZmqTransport()
+        async with (
+            transport.open_receiver(capacity=4) as kept,
+            transport.open_receiver(capacity=4) as leaving,
+            transport.open_sender([kept.address, leaving.address], capacity=4) as sender,
+        ):
+            for i in range(4):  # round-robin: 0 and 2 to `kept`, 1 and 3 to `leaving`, which reads none
+                await sender.send(numbered(i))
+            assert await receive_numbers(kept, 2) == [0, 2]
+            sender.disconnect(leaving.address)
+            assert sender.statistics()["dropped"] == 2
+            for i in range(4, 8):
+                await sender.send(numbered(i))
+            with trio.fail_after(10):  # each message goes to one receiver: none to `leaving`
+                assert await receive_numbers(kept, 4) == [4, 5, 6, 7]
+
+    trio.run(test)
+
+
 def test_a_restarted_sender_is_a_new_peer():
     async def test():
         transport = ZmqTransport()
