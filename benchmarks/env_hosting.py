@@ -2,6 +2,7 @@
 
     python benchmarks/env_hosting.py [--quick] [--episodes 1000] [--steps 60000] [--rounds 3] [--transport memory|zmq]
     python benchmarks/env_hosting.py --profile FILE [--steps 8000]   # the generation path under cProfile
+    python benchmarks/env_hosting.py --floor [--quick]   # GEM against the generation path's own work in one loop
 
 Side by side, in one run, on the same GEM game (``game:GuessTheNumber-v0-easy``) and the same number of
 environment steps, with a scripted policy (a random guess; no model):
@@ -130,6 +131,61 @@ def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir:
     return result["rate"], result["stats"]
 
 
+def floor_steps_per_s(episodes: int, steps: int, model_dir: Path) -> float:
+    """The generation path's own work with every structure around it taken away: one plain loop over
+    ``episodes`` lanes, each tick every lane's prompt encoded, all requests framed and unframed, answered by the
+    scripted rule, the completions framed and unframed and decoded in one batch, each lane's game stepped and its
+    row written, and the finished episodes' Arrow tables built. No trio, no actors, no sockets: what any
+    restructure of the path in Python (docs/notes/vectorised-episodes.md) would still pay per move."""
+    import itertools
+
+    from transformers import AutoTokenizer
+
+    import envs
+    from actors.generation import TokenCodec
+    from streams.messages import (GenerationRequest, decode_completions, decode_requests, encode_completions,
+                                  encode_requests, split_completions, split_requests)
+    from streams.schema import Columns, encode_episodes
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    codec, core = TokenCodec(tokenizer), tokenizer.backend_tokenizer
+    rng = random.Random(0)
+    reply = _random_answers([tokenizer(guess(rng))["input_ids"] + [tokenizer.eos_token_id] for _ in range(50)])
+    games = [envs.make("gem:" + GEM_GAME) for _ in range(episodes)]
+    seeds = itertools.count()
+    for game in games:
+        game.reset(next(seeds))
+    rows: list[list[dict]] = [[] for _ in games]
+    ids, done, start = itertools.count(), 0, time.perf_counter()
+    while done < steps:
+        prompts = [codec.encode(game.observation(0)) for game in games]
+        requests = [GenerationRequest(next(ids), "tcp://127.0.0.1:1", "policy", p, 1.0, 16) for p in prompts]
+        asked = [r for batch in split_requests(requests) for r in decode_requests(encode_requests(batch))]
+        answered = [reply(request) for request in asked]
+        completions = [c for batch in split_completions(answered) for c in decode_completions(encode_completions(batch))]
+        texts = core.decode_batch([c.token_ids for c in completions], skip_special_tokens=True)
+        finished = []
+        for lane, (game, prompt, completion, text) in enumerate(zip(games, prompts, completions, texts)):
+            result = game.step(text)
+            rows[lane].append({
+                Columns.EPISODE_ID: str(lane), Columns.ENV_NAME: GEM_GAME, Columns.SEED: 0, Columns.POLICY_ID: "p",
+                Columns.CREATED_AT: 0.0, Columns.MATCHUP: "p", Columns.TURN: len(rows[lane]), Columns.AGENT: 0,
+                Columns.ROLE: "", Columns.PROMPT_IDS: prompt, Columns.ACTION_IDS: completion.token_ids,
+                Columns.ACTION_TEXT: text, Columns.BEHAVIOUR_LOGPROBS: completion.logprobs,
+                Columns.POLICY_VERSIONS: completion.versions, Columns.REWARD: result.rewards[0],
+                Columns.TERMINATED: result.terminated, Columns.TRUNCATED: result.truncated,
+                Columns.EPISODE_RETURN: 0.0, Columns.INVALID_ACTION: result.invalid, Columns.GENERATED_AT: 0.0,
+                Columns.SCORED_AT: 0.0})
+            done += 1
+            if result.terminated or result.truncated:
+                finished.append(rows[lane])
+                rows[lane] = []
+                game.reset(next(seeds))
+        if finished:
+            encode_episodes(finished)
+    return done / (time.perf_counter() - start)
+
+
 def game_steps_per_s(seconds: float) -> dict[str, float]:
     """Random legal play on each tidal environment alone (no actor): the cost of its rules."""
     from envs.registry import ENVIRONMENTS
@@ -184,6 +240,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="GEM and tidal alternate; medians are reported")
     parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
                         help="only profile the generation path (cProfile, steady state) and write its top functions")
+    parser.add_argument("--floor", action="store_true",
+                        help="only GEM against the generation path's own work in one plain loop (floor_steps_per_s)")
     args = parser.parse_args(argv)
     steps = args.steps or (10_000 if args.quick else 60_000)
     logging.basicConfig(level=logging.WARNING)
@@ -200,6 +258,8 @@ def main(argv=None) -> None:
     gc.freeze()
     if args.profile:
         return profile_generation_path(args.episodes, steps, args.transport, model_dir, 40, args.profile)
+    if args.floor:
+        return print_floor(args.episodes, steps, args.rounds, model_dir)
     # GEM and both tidal paths take turns, so a change in the machine's load falls on all three; medians of the rounds
     gem_rates, tidal_rates, path_rates = [], [], []
     for round_ in range(args.rounds):
@@ -225,6 +285,20 @@ def main(argv=None) -> None:
         print(f"  {name:<14} {rate:>10,.0f} steps/s (rules alone, random legal play)")
     print(f"vs_gem={tidal_rate / gem_rate:.2f} generation_path_vs_gem={path_rate / gem_rate:.2f} "
           f"tidal_steps_per_s={tidal_rate:.0f}")
+
+
+def print_floor(episodes: int, steps: int, rounds: int, model_dir: Path) -> None:
+    floor_steps_per_s(episodes, episodes, model_dir)  # untimed: what the loop imports and loads, then frozen as an
+    gc.collect()  # env actor freezes what it loaded; left in the collector's reach, it slowed GEM's rounds by a third
+    gc.freeze()
+    gem_rates, floor_rates = [], []
+    for round_ in range(rounds):
+        gem_rates.append(gem_steps_per_s(episodes, steps))
+        floor_rates.append(floor_steps_per_s(episodes, steps, model_dir))
+        print(f"round {round_ + 1}: GEM AsyncVectorEnv {gem_rates[-1]:,.0f} steps/s, the generation path's own work "
+              f"in one loop {floor_rates[-1]:,.0f} steps/s (ratio {floor_rates[-1] / gem_rates[-1]:.2f})", flush=True)
+    gem_rate, floor_rate = statistics.median(gem_rates), statistics.median(floor_rates)
+    print(f"floor_vs_gem={floor_rate / gem_rate:.2f} floor_steps_per_s={floor_rate:.0f} gem_steps_per_s={gem_rate:.0f}")
 
 
 if __name__ == "__main__":
