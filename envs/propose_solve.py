@@ -146,6 +146,7 @@ class ProposeSolve:
         self.solved: list[bool] = []
         self.done = False
         self.novel = True  # the proposal is not in the buffer yet
+        self.kind: str | None = None  # what the proposal asks (``task_kind``), once it is set
         self._example_seed = rng.randrange(2**31)  # the legal proposal's, drawn only when asked for
         self.replayed = bool(self.buffer) and rng.random() < self.buffer_share
         shown = self.buffer.sample(self.references, rng) if self.buffer and self.references else []
@@ -283,8 +284,9 @@ class ProposeSolve:
             return self._invalid(f"{target} is one of the numbers: a task must need arithmetic")
         self.numbers, self.target, self.turn = numbers, target, 1
         self.novel = self.buffer is None or self.buffer.get(numbers, target) is None
+        self.kind = task_kind(numbers, target)
         if self.buffer is not None:
-            self.buffer.note_kind(task_kind(numbers, target))
+            self.buffer.note_kind(self.kind)
         return StepResult([0.0] * self.num_players, terminated=False, info={"task": self.task_text()})
 
     def _solve(self, action_text: str) -> StepResult:
@@ -314,7 +316,7 @@ class ProposeSolve:
         proposer = 0.0 if self.replayed or trivial else learnability(rate) * repeat
         if self.balance_kinds and proposer:
             kinds = self.buffer.recent_kinds()
-            proposer *= kind_balance(kinds[task_kind(self.numbers, self.target)], kinds.total())
+            proposer *= kind_balance(kinds[self.kind], kinds.total())
         return StepResult([proposer, *(float(s) for s in self.solved)], terminated=True,
                           info={"correct": correct, "task": self.task_text(), "solve_rate": rate,
                                 "solved": list(self.solved), "replayed": self.replayed,

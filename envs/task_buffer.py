@@ -74,7 +74,6 @@ class TaskBuffer:
         self._rng = random.Random(seed)  # ``sample``'s draws when no rng is given
         self._tasks: dict[Key, Task] = {}  # insertion order: oldest first
         self._kinds: deque[str] = deque(maxlen=KINDS_KEPT)
-        self._kind_counts: Counter[str] = Counter()  # of ``_kinds``
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -102,14 +101,11 @@ class TaskBuffer:
 
     def note_kind(self, kind: str) -> None:
         """A proposal of ``kind`` (what its task asks; not kept with the buffer)."""
-        if len(self._kinds) == self._kinds.maxlen:
-            self._kind_counts[self._kinds[0]] -= 1
         self._kinds.append(kind)
-        self._kind_counts[kind] += 1
 
     def recent_kinds(self) -> Counter[str]:
         """The last ``KINDS_KEPT`` proposals counted by kind."""
-        return +self._kind_counts  # a copy, without kinds counted down to 0
+        return Counter(self._kinds)
 
     def sample(self, n: int, rng: random.Random | None = None) -> list[Task]:
         """``n`` different tasks (all of them when it holds fewer), drawn uniformly with ``rng``."""
