@@ -3,6 +3,10 @@
 A micro-batch is padded to its own longest row only, so its memory is about ``rows x longest`` tokens:
 ``max_tokens_per_microbatch`` bounds that product. Rows are sorted by length before they are cut (rows of
 similar length share a micro-batch: little padding). A row longer than the budget is a micro-batch of its own.
+With a budget or without, a row at most ``1 / MAX_SPREAD`` as long as its micro-batch's longest starts the next
+one, so padding never more than doubles a pass's tokens: a minibatch of proposer rows (about 230 tokens) and
+solver rows (about 60) padded all to the longest cost the learner three times its tokens
+(``benchmarks/padding.py``).
 
 With a group of ``world`` ranks, the length-sorted rows are dealt round-robin to the ranks (each gets about the
 same tokens), and every rank runs the same number of micro-batches: a sharded model gathers its parameters in
@@ -17,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+MAX_SPREAD = 2.0  # a micro-batch's longest row over its shortest stays under this (see the module)
 
 
 @dataclass(frozen=True)
@@ -59,18 +65,19 @@ def control_group():
 
 def cut(rows: list[int], lengths: list[int], budget: int | None) -> list[list[int]]:
     """``rows`` (positions into ``lengths``, longest first) cut into micro-batches of at most ``budget`` padded
-    tokens (rows x the longest of them); None: one micro-batch."""
-    if budget is None or not rows:
-        return [list(rows)] if rows else []
+    tokens (rows x the longest of them; None: no bound), a new one wherever a row is at most ``1 / MAX_SPREAD``
+    of its micro-batch's longest."""
     batches, current, longest = [], [], 0
     for row in rows:
         width = max(longest, lengths[row])
-        if current and width * (len(current) + 1) > budget:
+        over_budget = budget is not None and width * (len(current) + 1) > budget
+        if current and (over_budget or lengths[row] * MAX_SPREAD <= longest):
             batches.append(current)
             current, width = [], lengths[row]
         current.append(row)
         longest = width
-    batches.append(current)
+    if current:
+        batches.append(current)
     return batches
 
 

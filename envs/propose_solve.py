@@ -25,6 +25,11 @@ sets of numbers it likes. The verifier checks the target is reachable from the d
 the deal's doing (the same numbers dealt again and the same target picked), so ``repeat_reward`` applies only to
 tasks whose numbers the proposer chose: with dealt numbers every task pays its full learnability.
 
+With ``deal_tasks`` the env sets every task itself (2 to 4 numbers and a target drawn evenly from those they
+reach, all from the episode's seed) and the proposer has no move (reward 0): the solvers alone, on tasks of no
+one's choosing. It is the recipe's control: what the solver learns without a proposer, against which a
+proposer's curriculum can be measured (``benchmarks/role_selfplay.py``).
+
 With ``balance_kinds`` the proposer is paid for the variety of what its tasks ask (``task_kind``: a copy, one
 ``a+b``, ``a*b`` or ``a-b``, or several operations). A kind that took more than a fair share (one in four of the
 kinds that pay) of the buffer's recent proposals (``envs.task_buffer.KINDS_KEPT``) pays its learnability times
@@ -110,7 +115,8 @@ class ProposeSolve:
     def __init__(self, solvers: int = 4, max_number: int = 10, max_target: int = 50,
                  buffer: TaskBuffer | None = None, buffer_share: float = 0.25, references: int = 2,
                  max_new_tokens: int | None = None, repeat_reward: float = 0.0,
-                 deal_numbers: bool = False, copy_target: str = "unpaid", balance_kinds: bool = False):
+                 deal_numbers: bool = False, copy_target: str = "unpaid", balance_kinds: bool = False,
+                 deal_tasks: bool = False):
         if not 1 <= solvers <= MAX_SOLVERS:
             raise ValueError(f"solvers must be 1 to {MAX_SOLVERS}, not {solvers}")
         if not 1 <= max_number <= 1000 or not 1 <= max_target <= 10**6:
@@ -123,6 +129,9 @@ class ProposeSolve:
             raise ValueError(f"references must be >= 0, not {references}")
         if not isinstance(deal_numbers, bool):
             raise ValueError(f"deal_numbers must be true or false, not {deal_numbers!r}")
+        if not isinstance(deal_tasks, bool) or (deal_tasks and deal_numbers):
+            raise ValueError(f"deal_tasks must be true or false, and true leaves the proposer nothing to write, so "
+                             f"deal_numbers must then be false: not deal_tasks={deal_tasks!r}, deal_numbers={deal_numbers!r}")
         if copy_target not in COPY_TARGETS:
             raise ValueError(f"copy_target must be one of {', '.join(COPY_TARGETS)}, not {copy_target!r}")
         if buffer is not None and not isinstance(buffer, TaskBuffer):
@@ -133,7 +142,7 @@ class ProposeSolve:
         self.solvers, self.max_number, self.max_target = solvers, max_number, max_target
         self.buffer, self.buffer_share, self.references = buffer, buffer_share, references
         self.repeat_reward, self.deal_numbers, self.copy_target = repeat_reward, deal_numbers, copy_target
-        self.balance_kinds = balance_kinds
+        self.balance_kinds, self.deal_tasks = balance_kinds, deal_tasks
         self.num_players = solvers + 1
         self.roles = ["proposer"] + ["solver"] * solvers
         self.max_tokens = max_new_tokens  # each turn's generation budget (None: the env actor's)
@@ -154,7 +163,12 @@ class ProposeSolve:
         if self.replayed:
             task = self.buffer.sample(1, rng)[0]
             self.numbers, self.target = tuple(rng.sample(task.numbers, len(task.numbers))), task.target
-        self.turn = 1 if self.replayed else 0
+        elif self.deal_tasks:  # the env's task, from the seed alone: numbers and a target drawn evenly from theirs
+            task_rng = random.Random(self._example_seed)
+            self.numbers = self._deal(task_rng)
+            self.target = task_rng.choice(self._targets(self.numbers))
+            self.kind = task_kind(self.numbers, self.target)
+        self.turn = 0 if self.numbers is None else 1
         # the numbers dealt to the proposer: a function of the seed alone (not of the buffer's contents)
         self.dealt = self._deal(random.Random(self._example_seed)) if self.deal_numbers and not self.replayed else None
 
@@ -191,6 +205,8 @@ class ProposeSolve:
                 return self._proposer_prompt()
             if self.replayed:
                 return f"This round replays the stored task {self.task_text()}: you have no move."
+            if self.deal_tasks:
+                return f"This round's task {self.task_text()} was dealt: you have no move."
             return f"You proposed {self.task_text()}; the solvers are answering."
         if self.numbers is None:
             return "Countdown. Waiting for the proposer's task."
@@ -313,7 +329,7 @@ class ProposeSolve:
         # with dealt numbers a repeat is the deal's doing, not the proposer's: it pays in full
         repeat = 1.0 if self.novel or self.deal_numbers else self.repeat_reward
         trivial = self.target in self.numbers  # no arithmetic: copying a number solves it
-        proposer = 0.0 if self.replayed or trivial else learnability(rate) * repeat
+        proposer = 0.0 if self.replayed or self.deal_tasks or trivial else learnability(rate) * repeat
         if self.balance_kinds and proposer:
             kinds = self.buffer.recent_kinds()
             proposer *= kind_balance(kinds[self.kind], kinds.total())

@@ -435,3 +435,22 @@ def test_the_benchmarks_answer_forms_account_for_every_held_out_task(tiny_model_
     kinds = re.findall(r"(\w[\w+*-]*) (\d+)/(\d+)", text.split("right by kind: ")[1])
     assert sum(int(n) for *_, n in kinds) == 12 and all(int(r) <= int(n) for _, r, n in kinds)
     assert sum(int(r) for _, r, _ in kinds) == verdicts.get("right", 0)
+
+
+def test_with_dealt_tasks_the_proposer_sits_out_and_the_solvers_answer_the_seed_s_task():
+    tasks = set()
+    for seed in range(30):
+        g, again = game(deal_tasks=True, solvers=2), game(deal_tasks=True, solvers=2)
+        g.reset(seed)
+        again.reset(seed)
+        assert (g.numbers, g.target) == (again.numbers, again.target) and g.current_player == 1  # the seed decides
+        assert g.target in targets_of(g.numbers) and "was dealt: you have no move" in g.observation(0)
+        tasks.add((g.numbers, g.target))
+        right = g.expert_action()
+        results = play(g, [right, "[1000]"])
+        assert results[-1].terminated and results[-1].rewards == [0.0, 1.0, 0.0]  # learnable, yet unpaid
+    assert len(tasks) > 20
+    with pytest.raises(ValueError, match="deal_numbers must then be false"):
+        ProposeSolve(deal_tasks=True, deal_numbers=True)
+    with pytest.raises(ValueError, match="deal_tasks must be true or false"):
+        ProposeSolve(deal_tasks="yes")
