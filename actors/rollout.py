@@ -47,6 +47,7 @@ from streams.endpoints import Inbox
 from actors.engines.hf import device_generator, sample
 from actors.engines.snapshots import SnapshotError, load_snapshot, parse_snapshot_id
 from actors.engines.vllm_engine import VllmOptions
+from actors.microbatches import cut
 from actors.rollout_weights import RolloutWeights
 from streams.weights import FetchedWeights, LearnerFeed, WeightsFollower
 from streams.messages import (VERSION_TOPIC, WEIGHTS_TOPIC, Completion, GenerationRequest, decode_requests,
@@ -306,14 +307,17 @@ class RolloutActor(RolloutWeights):
 
     async def _generate(self, model, tokenizer, batch: list[GenerationRequest], generator,
                         frozen_version: int | None = None):
-        """Sample every request of the batch; requests with the same sampling settings share one pass.
-        ``frozen_version``: the model is a snapshot of that version (no new weights go into it)."""
+        """Sample every request of the batch; requests with the same sampling settings and prompts of lengths
+        within 2x (``microbatches.cut``: a role game's long proposer prompts pad no short solver prompt) share one
+        pass. ``frozen_version``: the model is a snapshot of that version (no new weights go into it)."""
         groups: dict[tuple, list[GenerationRequest]] = {}
-        for request in batch:
+        for request in sorted(batch, key=lambda r: -len(r.prompt_ids)):
             groups.setdefault((request.temperature, request.max_tokens), []).append(request)
+        passes = [((temperature, max_tokens), [requests[i] for i in rows]) for (temperature, max_tokens), requests
+                  in groups.items() for rows in cut(range(len(requests)), [len(r.prompt_ids) for r in requests], None)]
         results, started = [], time.perf_counter()
         swap = (lambda: self._swap_mid_batch(model)) if self.cfg.interruptible and frozen_version is None else None
-        for (temperature, max_tokens), requests in groups.items():
+        for (temperature, max_tokens), requests in passes:
             if swap is not None and self._held_dead():  # the learner started again since the batch began
                 await self._catch_up(model, 0)
             samples = await trio.to_thread.run_sync(lambda: sample(

@@ -10,9 +10,12 @@ new micro-batch wherever a row is at most half its micro-batch's longest (``MAX_
 On the tiny model's shape (``configs/model/tiny.yaml``, random weights) and one synthetic batch of those lengths,
 the learner's update (``policy_gradient_step``: the recipe's two minibatches, the proximal pass, decoupled PPO)
 with the rule and without it (``MAX_SPREAD`` infinite: one pass a minibatch, as before), taking turns for
-``--rounds`` rounds. Last line: ``length_split_speedup=<x> one_pass_s=<s> split_s=<s> update_diff=<x>``, the
-median time of an update without the rule over with it, and the largest weight difference after one update of
-each from the same weights (rounding only: the cut does not change the update).
+``--rounds`` rounds. Then the rollout's side (``hf`` sampling, 16 new tokens): half as many prompts of those
+lengths in one left-padded pass, and in passes of lengths within 2x, as ``RolloutActor._generate`` now cuts them.
+Last line: ``length_split_speedup=<x> one_pass_s=<s> split_s=<s> update_diff=<x> generation_split_speedup=<x>``:
+the median time of an update without the rule over with it, the largest weight difference after one update of
+each from the same weights (rounding only: the cut does not change the update), and the median ratio of the
+sampling times.
 """
 
 from __future__ import annotations
@@ -34,18 +37,23 @@ from actors import microbatches  # noqa: E402
 from actors.training import Objective, TrainerState, policy_gradient_step, single_turn_batch  # noqa: E402
 
 
-def mixed_batch(rows: int, long_share: float, vocab: int, seed: int = 0):
-    """``rows`` one-turn rows: ``long_share`` of them proposer-like (about 215 prompt and 15 action tokens), the
-    rest solver-like (about 50 and 13)."""
+def mixed_prompts(rows: int, long_share: float, vocab: int, seed: int = 0) -> list[list[int]]:
+    """``long_share`` of them proposer-like (205 to 225 tokens), the rest solver-like (40 to 60)."""
     rng = random.Random(seed)
-    prompts, completions = [], []
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(205, 225) if rng.random() < long_share
+                                                     else rng.randint(40, 60))] for _ in range(rows)]
+
+
+def mixed_batch(rows: int, long_share: float, vocab: int, seed: int = 0):
+    """``rows`` one-turn rows of ``mixed_prompts`` and actions of 8 to 20 tokens."""
+    rng = random.Random(seed + 1)
+    completions = []
     for _ in range(rows):
-        long = rng.random() < long_share
-        prompts.append([rng.randrange(3, vocab) for _ in range(rng.randint(205, 225) if long else rng.randint(40, 60))])
         n = rng.randint(8, 20)
         completions.append(SimpleNamespace(token_ids=[rng.randrange(3, vocab) for _ in range(n)],
                                            logprobs=[-rng.uniform(1.0, 4.0) for _ in range(n)], versions=[0] * n))
-    return single_turn_batch(prompts, completions, [float(rng.random() < 0.3) for _ in range(rows)])
+    return single_turn_batch(mixed_prompts(rows, long_share, vocab, seed), completions,
+                             [float(rng.random() < 0.3) for _ in range(rows)])
 
 
 def tiny_model(vocab: int):
@@ -65,6 +73,24 @@ def update(model, batch, spread: float) -> tuple[float, int]:
     stats = policy_gradient_step(model, optimizer, batch, Objective(minibatches=2, advantage="grpo"), TrainerState(),
                                  temperature=1.0, version=0, generator=torch.Generator().manual_seed(0))
     return time.perf_counter() - start, stats["microbatches"]
+
+
+def generation_times(model, prompts: list[list[int]], max_new_tokens: int) -> tuple[float, float]:
+    """Seconds to sample every prompt in one padded pass, and in passes of lengths within 2x (as the rollout
+    actor's ``_generate`` groups them)."""
+    from actors.engines.hf import sample
+    from actors.microbatches import cut
+
+    lengths = [len(p) for p in prompts]
+    longest_first = sorted(range(len(prompts)), key=lambda i: -lengths[i])
+    times = []
+    for groups in ([list(range(len(prompts)))], cut(longest_first, lengths, None)):
+        start = time.perf_counter()
+        for group in groups:
+            sample(model, [prompts[i] for i in group], eos_id=1, pad_id=0, max_new_tokens=max_new_tokens,
+                   generator=torch.Generator().manual_seed(0))
+        times.append(time.perf_counter() - start)
+    return times[0], times[1]
 
 
 def main() -> None:
@@ -87,10 +113,16 @@ def main() -> None:
             weights[name] = model
             print(f"round {round_ + 1}: {name}: {seconds:.2f} s, {passes} passes")
     microbatches.MAX_SPREAD = default
+    prompts = mixed_prompts(args.rows // 2, args.long_share, vocab, seed=1)  # a rollout batch: about 32 episodes' asks
+    generation = [generation_times(base, prompts, 16) for _ in range(args.rounds)]
+    for round_, (whole, split) in enumerate(generation):
+        print(f"round {round_ + 1}: generation of {len(prompts)} prompts: one pass {whole:.2f} s, by length {split:.2f} s")
     diff = max((a - b).abs().max().item() for a, b in zip(weights["one pass"].parameters(),
                                                           weights["split"].parameters()))
     one, split = statistics.median(times["one pass"]), statistics.median(times["split"])
-    print(f"length_split_speedup={one / split:.2f} one_pass_s={one:.2f} split_s={split:.2f} update_diff={diff:.1e}")
+    gen = statistics.median(whole / split for whole, split in generation)
+    print(f"length_split_speedup={one / split:.2f} one_pass_s={one:.2f} split_s={split:.2f} update_diff={diff:.1e} "
+          f"generation_split_speedup={gen:.2f}")
 
 
 if __name__ == "__main__":

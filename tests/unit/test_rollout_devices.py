@@ -106,3 +106,30 @@ def test_the_policy_generates_on_the_gpu_with_either_generator(tiny_model_dir):
             logps = torch.log_softmax(reference(ids).logits[0, len(prompt) - 1:-1].float(), -1)
         picked = logps.gather(-1, torch.tensor(s.tokens)[:, None])[:, 0]
         assert picked.tolist() == pytest.approx(s.logprobs, abs=0.1)
+
+
+def test_a_batch_is_sampled_in_passes_of_one_setting_and_prompt_lengths_within_2x(tiny_model_dir, monkeypatch):
+    """A role game's long proposer prompts and short solver prompts pad each other in no pass; every request is
+    answered once, by its own prompt's continuation."""
+    from actors import rollout
+    from streams.messages import GenerationRequest
+
+    actor = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir)))
+    model, tokenizer = actor._load()
+    passes = []
+
+    def recording(model, prompts, **kwargs):
+        passes.append(([len(p) for p in prompts], kwargs["temperature"]))
+        return sample(model, prompts, **kwargs)
+
+    monkeypatch.setattr(rollout, "sample", recording)
+    lengths = [200, 8, 190, 9, 60, 100, 7, 210]
+    batch = [GenerationRequest(i, "inproc://env", "main", [5 + (i + j) % 50 for j in range(n)],
+                               1.0 if i % 3 else 0.7, 4, 0) for i, n in enumerate(lengths)]
+    answers = trio.run(actor._generate, model, tokenizer, batch, torch.Generator().manual_seed(0))
+    assert sorted(request.request_id for _, request in answers) == list(range(len(batch)))
+    assert all(completion.request_id == request.request_id and 1 <= len(completion.token_ids) <= 4
+               for completion, request in answers)
+    assert sorted(n for widths, _ in passes for n in widths) == sorted(lengths)
+    assert all(max(widths) < 2 * min(widths) for widths, _ in passes)
+    assert {t for _, t in passes} == {1.0, 0.7} and len(passes) >= 5  # 7-9 | 60 | 100 | 190-210, per temperature
