@@ -5,9 +5,11 @@
 On a random-init model of ``--shape`` (default ``configs/model/random_25m.yaml``'s, 29.5 M parameters) and the
 same synthetic batches:
 - the weights after two updates on 2 gloo ranks (FSDP2) against 1 rank: the largest absolute difference;
-- the weights after two updates with micro-batches of a small token budget against one micro-batch: the same;
+- the weights after two updates with micro-batches of a small token budget against none (rows more than 2x apart
+  in length still get passes of their own, ``actors/microbatches.py``): the same;
 - tidal's learner (``Trainer.update``: collate, advantages, decoupled PPO, statistics) against a plain torch loop
-  doing the same work (one no-grad forward for the proximal policy, one forward-backward per minibatch, AdamW),
+  doing the same work (one no-grad forward for the proximal policy, one forward-backward per minibatch, AdamW;
+  tidal cuts a minibatch where row lengths differ over 2x, the plain loop pads it whole),
   action tokens per second, taking turns in one process;
 - each rank's parameter, gradient and optimizer-state bytes with 2 ranks against 1.
 Last line: ``params_m=<n> dp2_update_diff=<x> microbatch_diff=<x> learner_vs_plain=<x> dp2_state_mem_ratio=<x>``.
@@ -159,7 +161,7 @@ def main() -> None:
     started = time.perf_counter()
     cut = trainer_processes.train(dataclasses.replace(cfg, max_tokens_per_microbatch=args.budget), 1, tables)
     micro_diff = largest_difference(one["weights"], cut["weights"])
-    print(f"micro-batches of {args.budget} tokens ({cut['stats'][-1]['microbatches']} passes) vs one per minibatch: "
+    print(f"micro-batches of {args.budget} tokens ({cut['stats'][-1]['microbatches']} passes) vs no budget: "
           f"largest weight difference {micro_diff:.2e} ({time.perf_counter() - started:.0f} s)", flush=True)
 
     tidal, plain = throughput(cfg, tables, args.rounds)
