@@ -311,13 +311,15 @@ class RolloutActor(RolloutWeights):
         within 2x (``microbatches.cut``: a role game's long proposer prompts pad no short solver prompt) share one
         pass. ``frozen_version``: the model is a snapshot of that version (no new weights go into it)."""
         groups: dict[tuple, list[GenerationRequest]] = {}
-        for request in sorted(batch, key=lambda r: -len(r.prompt_ids)):
+        for request in sorted(batch, key=lambda r: -len(r.prompt_ids)):  # longest first, as ``cut`` takes them
             groups.setdefault((request.temperature, request.max_tokens), []).append(request)
-        passes = [((temperature, max_tokens), [requests[i] for i in rows]) for (temperature, max_tokens), requests
-                  in groups.items() for rows in cut(range(len(requests)), [len(r.prompt_ids) for r in requests], None)]
+        passes = []  # (temperature, max_tokens, requests)
+        for (temperature, max_tokens), requests in groups.items():
+            for rows in cut(range(len(requests)), [len(r.prompt_ids) for r in requests], None):
+                passes.append((temperature, max_tokens, [requests[i] for i in rows]))
         results, started = [], time.perf_counter()
         swap = (lambda: self._swap_mid_batch(model)) if self.cfg.interruptible and frozen_version is None else None
-        for (temperature, max_tokens), requests in passes:
+        for temperature, max_tokens, requests in passes:
             if swap is not None and self._held_dead():  # the learner started again since the batch began
                 await self._catch_up(model, 0)
             samples = await trio.to_thread.run_sync(lambda: sample(
