@@ -38,6 +38,13 @@ class Shard:
     def max(self, values: list[float]) -> list[float]:
         return self._reduce(values, "MAX")
 
+    def merge(self, weighted: dict[str, float]) -> dict[str, float]:
+        """A minibatch's statistics over the group: token-weighted means add up, maxima take the largest."""
+        maxima = sorted(k for k in weighted if k.endswith("_max"))
+        sums = sorted(k for k in weighted if k not in maxima)
+        return {**dict(zip(sums, self.sum([weighted[k] for k in sums]))),
+                **dict(zip(maxima, self.max([weighted[k] for k in maxima])))}
+
     def _reduce(self, values: list[float], op: str) -> list[float]:
         if self.world == 1 or not values:
             return list(values)

@@ -212,21 +212,19 @@ def advantages_of(objective: Objective, state: TrainerState, batch: TokenBatch) 
     roles = state.roles(batch.role_keys)
     if objective.advantage == "rae":
         advantages, stats = rae_advantages(returns, roles, state.baselines, objective.rae_decay, batch.segments)
-        state.baselines = stats.pop("baselines")
     elif objective.advantage == "rae_state":
         if state.state_values is None:
             state.state_values = StateValues(objective.state_window, objective.state_capacity)
         advantages, stats = state_advantages(returns, roles, batch.state_keys, state.baselines, state.state_values,
                                              objective.state_prior, objective.rae_decay, batch.segments)
-        state.baselines = stats.pop("baselines")
     elif objective.advantage == "role_grpo":
         advantages, stats = role_group_advantages(returns, batch.groups, batch.segments, roles, state.baselines,
                                                   objective.rae_decay)
-        state.baselines = stats.pop("baselines")
     elif objective.advantage == "rebn":
         advantages, stats = rebn_advantages(returns)
     else:
         advantages, stats = grpo_advantages(returns, roles, scale_by_std=objective.advantage == "grpo")
+    state.baselines = stats.pop("baselines", state.baselines)  # RAE's running baselines, for the next batch
     return advantages, stats
 
 
@@ -248,21 +246,18 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     """One update of ``model`` on ``batch``: ``objective.minibatches`` optimizer steps over shuffled rows.
 
     Each minibatch is cut into micro-batches of at most ``max_tokens_per_microbatch`` padded tokens
-    (``actors/microbatches.py``); their gradients add up to the minibatch's before the step. Each micro-batch's
-    loss (a mean over its action tokens) is weighted by its share of the minibatch's action tokens, so the
-    update is the same however the minibatch was cut. In a learner group (``shard``) every rank holds the whole
-    batch (the same advantages and minibatches everywhere) and trains its share of each minibatch's rows; the
-    sharded model sums the ranks' gradients.
+    (``actors/microbatches.py``) whose gradients add up before the step: each micro-batch's loss (a mean over its
+    action tokens) is weighted by its share of the minibatch's action tokens, so the update is the same however the
+    minibatch was cut. Rows with no gradient (``trained_rows``) are not computed; the statistics are means over the
+    others (``rows_trained`` of ``rows``). In a learner group (``shard``) every rank holds the whole batch (the same
+    advantages and minibatches everywhere) and trains its share of each minibatch's rows.
 
-    The proximal policy pi_prox is the model as it is before the first step. With one minibatch its
-    log-probs are the current ones, detached (the same numbers a second forward pass would give); with
-    more, they are computed once, up front, for every row.
-
-    ``logprob_gap`` is the mean |log pi_prox - log mu| of the action tokens: staleness and the generation
-    engine's numerics together; ``is_ess`` the normalised effective sample size of w = pi_prox / mu over them,
-    (sum w)^2 / (n sum w^2), 1 when every token's behaviour policy is the proximal one. Given the model's ``version``, ``logprob_gap_same_version`` is the same over
-    the tokens that version sampled: what is left is the engine's mismatch with the learner alone.
-    ``compute_dtype`` (bf16 on a GPU): the forward passes run under autocast; log-probs are fp32.
+    The proximal policy pi_prox is the model before the first step: with one minibatch, the current log-probs,
+    detached; with more, computed once, up front. ``logprob_gap`` is the mean |log pi_prox - log mu| of the action
+    tokens (staleness and the engine's numerics together); ``is_ess`` the normalised effective sample size of
+    w = pi_prox / mu, (sum w)^2 / (n sum w^2), 1 on-policy; ``logprob_gap_same_version`` the gap over the tokens
+    that ``version`` sampled: the engine's mismatch with the learner alone. ``compute_dtype`` (bf16 on a GPU): the
+    forward passes run under autocast; log-probs are fp32.
 
     A minibatch whose loss or gradient norm is not finite takes no optimizer step (``skipped_steps``; its
     statistics are left out of the means): one NaN would otherwise reach every parameter. In a group every rank
@@ -280,11 +275,13 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     order = torch.randperm(batch.input_ids.shape[0], generator=generator)
     lengths = batch.attention_mask.sum(1).tolist()
     loss_mask = batch.action_mask[:, 1:]
-    steps = []  # per minibatch: (its action tokens, this rank's micro-batches as row indices into the batch)
+    trained = trained_rows(objective, advantages, batch, reference)
+    steps = []  # per minibatch: its action tokens, those trained, and this rank's micro-batches (row indices)
     for index in torch.chunk(order, objective.minibatches):
-        micro = microbatches.plan([lengths[i] for i in index.tolist()], max_tokens_per_microbatch,
+        kept = index[trained[index]]  # the loss stays a mean over every row's tokens: the same update
+        micro = microbatches.plan([lengths[i] for i in kept.tolist()], max_tokens_per_microbatch,
                                   shard.world)[shard.rank]
-        steps.append((int(loss_mask[index].sum()), [index[rows] if rows else None for rows in micro]))
+        steps.append((int(loss_mask[index].sum()), int(loss_mask[kept].sum()), [kept[r] if r else None for r in micro]))
 
     def micro_batch(rows):
         if rows is None:  # an empty micro-batch (a rank with fewer rows than the group's micro-batches)
@@ -296,7 +293,7 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     proximal = {}
     if objective.minibatches > 1:
         with torch.no_grad(), autocast:
-            for i, (_, micro) in enumerate(steps):
+            for i, (_, _, micro) in enumerate(steps):
                 for j, rows in enumerate(micro):
                     proximal[i, j] = action_logprobs(model, micro_batch(rows), temperature)
     model.train()
@@ -304,7 +301,7 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     # gap, tokens, same-version gap, same-version tokens, and the sums of w = pi_prox / mu and w^2 (is_ess)
     step_stats, gap_sums = [], [0.0] * (6 + IS_LOG2_BINS[2])  # ..., then w's histogram (is_weight_hist)
     skipped = []  # the statistics of the minibatches that took no step
-    for i, (tokens, micro) in enumerate(steps):
+    for i, (tokens, tokens_trained, micro) in enumerate(steps):
         optimizer.zero_grad(set_to_none=True)
         weighted: dict[str, float] = {NONFINITE_LOSS: 0.0}
         for j, rows in enumerate(micro):
@@ -322,9 +319,9 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
             share = int(mask.sum()) / max(tokens, 1)
             weighted[NONFINITE_LOSS] = max(weighted[NONFINITE_LOSS], float(not torch.isfinite(loss.detach())))
             (loss * share * shard.world).backward()  # the group averages gradients over its ranks
-            for key, value in s.items():
+            for key, value in s.items():  # statistics: means over the trained rows
                 weighted[key] = max(weighted.get(key, value), value) if key.endswith("_max") else \
-                    weighted.get(key, 0.0) + share * value
+                    weighted.get(key, 0.0) + int(mask.sum()) / max(tokens_trained, 1) * value
             gap = torch.where(mask, (prox - mb.behaviour_logprobs[:, 1:]).abs(), 0.0).detach()
             gap_sums[0] += float(gap.sum())
             gap_sums[1] += int(mask.sum())
@@ -339,7 +336,7 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
                 same = mb.versions[:, 1:] == version
                 gap_sums[2] += float((gap * same).sum())
                 gap_sums[3] += int((mask & same).sum())
-        weighted = _group_stats(weighted, shard)  # the group's: every rank reads the same numbers below
+        weighted = shard.merge(weighted)  # the group's: every rank reads the same numbers below
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), objective.max_grad_norm)
         weighted["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if weighted.pop(NONFINITE_LOSS) or not math.isfinite(weighted["grad_norm"]):
@@ -361,7 +358,8 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     merged["is_weight_hist"] = {f"{2 ** (low + (k + 1) * (high - low) / bins):.4g}": int(n) for k, n in
                                 enumerate(w_bins) if n}
     return {**stats, **merged, **seat_returns, "logprob_gap": gap / max(tokens, 1), "tokens": int(tokens),
-            "rows": int(batch.input_ids.shape[0]), "microbatches": sum(len(m) for _, m in steps)}
+            "rows": int(batch.input_ids.shape[0]), "rows_trained": int(trained.sum()),
+            "microbatches": sum(len(m) for _, _, m in steps)}
 
 
 def _micro_loss(objective: Objective, mb: TokenBatch, logits, logprobs, proximal, advantages, reference,
@@ -391,10 +389,12 @@ def _micro_loss(objective: Objective, mb: TokenBatch, logits, logprobs, proximal
     return loss, s
 
 
-def _group_stats(weighted: dict[str, float], shard: Shard) -> dict[str, float]:
-    """A minibatch's statistics over the group: token-weighted means add up, maxima take the largest."""
-    keys = sorted(weighted)
-    maxima = [k for k in keys if k.endswith("_max")]
-    sums = [k for k in keys if k not in maxima]
-    return {**dict(zip(sums, shard.sum([weighted[k] for k in sums]))),
-            **dict(zip(maxima, shard.max([weighted[k] for k in maxima])))}
+def trained_rows(objective: Objective, advantages: torch.Tensor, batch: TokenBatch, reference) -> torch.Tensor:
+    """Which rows' losses have a gradient: not one of advantage 0 with no KL term and no entropy bonus (each loss is
+    the advantage times something), such as a GRPO group's whose attempts all scored alike. Leaving it out is exact."""
+    if objective.entropy_coef > 0:
+        return torch.ones_like(advantages, dtype=torch.bool)
+    idle = advantages == 0
+    if reference is not None and objective.anchored:
+        idle &= objective.kl_coefs(batch.role_keys) == 0
+    return ~idle

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from actors import microbatches
-from actors.training import Objective, TrainerState, policy_gradient_step, single_turn_batch
+from actors import microbatches, training
+from actors.training import Objective, TrainerState, policy_gradient_step, single_turn_batch, trained_rows
 
 
 def test_a_cut_keeps_every_row_once_and_stays_within_the_budget():
@@ -43,7 +43,7 @@ def tiny_llama(seed=0):
                                         pad_token_id=0))
 
 
-def random_batch(rows=24, seed=1):
+def random_batch(rows=24, seed=1, returns=None):
     rng = random.Random(seed)
     prompts = [[rng.randrange(1, 64) for _ in range(rng.randint(2, 20))] for _ in range(rows)]
     completions = []
@@ -51,7 +51,7 @@ def random_batch(rows=24, seed=1):
         n = rng.randint(1, 12)
         completions.append(SimpleNamespace(token_ids=[rng.randrange(1, 64) for _ in range(n)],
                                            logprobs=[-rng.uniform(2.0, 6.0) for _ in range(n)], versions=[0] * n))
-    return single_turn_batch(prompts, completions, [rng.choice([-1.0, 0.0, 1.0]) for _ in range(rows)])
+    return single_turn_batch(prompts, completions, returns or [rng.choice([-1.0, 0.0, 1.0]) for _ in range(rows)])
 
 
 def test_rows_of_very_different_lengths_never_share_a_micro_batch():
@@ -107,3 +107,42 @@ def test_activation_checkpointing_recomputes_the_same_update():
     assert models[1].is_gradient_checkpointing and not models[0].is_gradient_checkpointing
     diff = max((a - b).abs().max().item() for a, b in zip(models[0].parameters(), models[1].parameters()))
     assert diff <= 1e-6
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+@pytest.mark.parametrize("returns", [[-1.0, 0.0, 1.0] * 8, [1.0] * 24])
+def test_rows_with_no_gradient_are_not_computed_and_the_update_is_the_same(minibatches, returns, monkeypatch):
+    """grpo_mean over returns of mean 0: the rows that returned 0 have advantage 0 and no gradient; with every row
+    alike, none has one, and the optimizer still steps on a zero gradient (its moments and count move)."""
+    base, results = tiny_llama(), []
+    for skip in (True, False):
+        if not skip:  # as before: every row computed
+            monkeypatch.setattr(training, "trained_rows", lambda objective, advantages, *_: advantages == advantages)
+        model = copy.deepcopy(base)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        state = TrainerState()
+        for version in range(2):
+            stats = policy_gradient_step(model, optimizer, random_batch(seed=version, returns=returns),
+                                         Objective(minibatches=minibatches, advantage="grpo_mean"), state,
+                                         temperature=1.0, generator=torch.Generator().manual_seed(version),
+                                         max_tokens_per_microbatch=64)
+        results.append((model, stats))
+    (skipping, skip_stats), (full, full_stats) = results
+    assert full_stats["rows_trained"] == full_stats["rows"] == 24
+    assert skip_stats["rows_trained"] == sum(r != 0 for r in returns) * (len(set(returns)) > 1)
+    assert skip_stats["microbatches"] < full_stats["microbatches"]
+    diff = max((a - b).abs().max().item() for a, b in zip(skipping.parameters(), full.parameters()))
+    moved = max((a - b).abs().max().item() for a, b in zip(full.parameters(), base.parameters()))
+    assert moved > 1e-6 and diff <= 1e-5, (moved, diff)  # float sums in other orders
+
+
+def test_a_row_with_a_kl_term_or_an_entropy_bonus_is_trained_whatever_its_advantage():
+    batch = random_batch(rows=4, returns=[0.0, 1.0, 0.0, 1.0])
+    advantages = torch.tensor([0.0, 0.5, 0.0, -0.5])
+    assert trained_rows(Objective(), advantages, batch, reference=None).tolist() == [False, True, False, True]
+    assert trained_rows(Objective(entropy_coef=0.01), advantages, batch, None).all()
+    anchored = Objective(kl_coef=0.1)
+    assert trained_rows(anchored, advantages, batch, reference=object()).all()
+    assert trained_rows(anchored, advantages, batch, reference=None).tolist() == [False, True, False, True]
+    by_role = Objective(kl_coef_by_role={"other": 0.1})  # single_turn rows have role "" (no KL for them)
+    assert trained_rows(by_role, advantages, batch, reference=object()).tolist() == [False, True, False, True]
