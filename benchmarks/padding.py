@@ -1,6 +1,6 @@
-"""Micro-batches by length: what padding every row of a minibatch to its longest costs the learner.
+"""Micro-batches by length, and rows with no gradient: what the learner computed for nothing.
 
-    python benchmarks/padding.py [--rounds 3] [--rows 320] [--long-share 0.2]
+    python benchmarks/padding.py [--rounds 3] [--rows 320] [--long-share 0.2] [--idle-share 0.5]
 
 A role game mixes rows of very different lengths in one minibatch: in ``propose_solve`` a proposer's row (its
 prompt shows earlier tasks) is about 230 tokens, a solver's about 60, one proposer to four solvers. Padded all to
@@ -16,6 +16,11 @@ Last line: ``length_split_speedup=<x> one_pass_s=<s> split_s=<s> update_diff=<x>
 the median time of an update without the rule over with it, the largest weight difference after one update of
 each from the same weights (rounding only: the cut does not change the update), and the median ratio of the
 sampling times.
+
+Then the rows with no gradient: the same batch with ``--idle-share`` of its rows at advantage 0 (GRPO groups whose
+attempts all scored alike), updated computing them (as before) and leaving them out (``trained_rows``), taking
+turns: ``idle_skip_speedup`` (the median time computing every row over leaving the idle ones out) and
+``idle_update_diff`` (the largest weight difference: rounding only) end the last line.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actors import microbatches  # noqa: E402
+from actors import microbatches, training  # noqa: E402
 from actors.training import Objective, TrainerState, policy_gradient_step, single_turn_batch  # noqa: E402
 
 
@@ -44,7 +49,7 @@ def mixed_prompts(rows: int, long_share: float, vocab: int, seed: int = 0) -> li
                                                      else rng.randint(40, 60))] for _ in range(rows)]
 
 
-def mixed_batch(rows: int, long_share: float, vocab: int, seed: int = 0):
+def mixed_batch(rows: int, long_share: float, vocab: int, seed: int = 0, returns: list[float] | None = None):
     """``rows`` one-turn rows of ``mixed_prompts`` and actions of 8 to 20 tokens."""
     rng = random.Random(seed + 1)
     completions = []
@@ -53,7 +58,7 @@ def mixed_batch(rows: int, long_share: float, vocab: int, seed: int = 0):
         completions.append(SimpleNamespace(token_ids=[rng.randrange(3, vocab) for _ in range(n)],
                                            logprobs=[-rng.uniform(1.0, 4.0) for _ in range(n)], versions=[0] * n))
     return single_turn_batch(mixed_prompts(rows, long_share, vocab, seed), completions,
-                             [float(rng.random() < 0.3) for _ in range(rows)])
+                             returns or [float(rng.random() < 0.3) for _ in range(rows)])
 
 
 def tiny_model(vocab: int):
@@ -65,13 +70,13 @@ def tiny_model(vocab: int):
                                         pad_token_id=0))
 
 
-def update(model, batch, spread: float) -> tuple[float, int]:
+def update(model, batch, spread: float, advantage: str = "grpo") -> tuple[float, int]:
     """One update with ``MAX_SPREAD = spread``: (seconds, micro-batches)."""
     microbatches.MAX_SPREAD = spread
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4)
     start = time.perf_counter()
-    stats = policy_gradient_step(model, optimizer, batch, Objective(minibatches=2, advantage="grpo"), TrainerState(),
-                                 temperature=1.0, version=0, generator=torch.Generator().manual_seed(0))
+    stats = policy_gradient_step(model, optimizer, batch, Objective(minibatches=2, advantage=advantage),
+                                 TrainerState(), temperature=1.0, version=0, generator=torch.Generator().manual_seed(0))
     return time.perf_counter() - start, stats["microbatches"]
 
 
@@ -93,11 +98,39 @@ def generation_times(model, prompts: list[list[int]], max_new_tokens: int) -> tu
     return times[0], times[1]
 
 
+def idle_rows(base, args, vocab: int) -> str:
+    """Updates on a batch with ``args.idle_share`` of its rows at advantage 0 (``grpo_mean`` over returns of mean
+    0: the idle rows return 0, the others +1 and -1 in turn), computing every row and leaving the idle ones out."""
+    rng = random.Random(2)
+    returns = [0.0 if rng.random() < args.idle_share else 1.0 for _ in range(args.rows)]
+    signs = iter([1.0, -1.0] * args.rows)
+    returns = [r and next(signs) for r in returns]
+    if sum(returns):  # an odd count of +-1: one more idle row, so that the mean is exactly 0
+        returns[max(i for i, r in enumerate(returns) if r == 1.0)] = 0.0
+    batch, default = mixed_batch(args.rows, args.long_share, vocab, returns=returns), training.trained_rows
+    times, weights = {"every row": [], "trained rows": []}, {}
+    every_row = lambda _objective, advantages, *_: torch.ones_like(advantages, dtype=torch.bool)  # noqa: E731
+    for round_ in range(args.rounds):
+        for name in times:
+            training.trained_rows = default if name == "trained rows" else every_row
+            model = copy.deepcopy(base)
+            seconds, passes = update(model, batch, microbatches.MAX_SPREAD, advantage="grpo_mean")
+            times[name].append(seconds)
+            weights[name] = model
+            print(f"round {round_ + 1}: {name} ({returns.count(0.0)} of {len(returns)} idle): {seconds:.2f} s, "
+                  f"{passes} passes")
+    training.trained_rows = default
+    diff = max((a - b).abs().max().item() for a, b in zip(*(m.parameters() for m in weights.values())))
+    every, trained = (statistics.median(t) for t in times.values())
+    return f"idle_skip_speedup={every / trained:.2f} idle_update_diff={diff:.1e}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", type=int, default=320, help="rows of the batch (the recipe: 64 episodes x 5)")
     parser.add_argument("--long-share", type=float, default=0.2, help="share of long (proposer-like) rows")
+    parser.add_argument("--idle-share", type=float, default=0.5, help="share of rows with advantage 0")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the learner's default (learner.args.threads)
     vocab, default = 320, microbatches.MAX_SPREAD
@@ -121,8 +154,9 @@ def main() -> None:
                                                           weights["split"].parameters()))
     one, split = statistics.median(times["one pass"]), statistics.median(times["split"])
     gen = statistics.median(whole / split for whole, split in generation)
+    idle = idle_rows(base, args, vocab)
     print(f"length_split_speedup={one / split:.2f} one_pass_s={one:.2f} split_s={split:.2f} update_diff={diff:.1e} "
-          f"generation_split_speedup={gen:.2f}")
+          f"generation_split_speedup={gen:.2f} {idle}")
 
 
 if __name__ == "__main__":

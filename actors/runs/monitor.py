@@ -160,7 +160,8 @@ class MetricsLog:
         for key in ("staleness_mean", "staleness_max", "staleness_hist", "pg_loss", "clip_fraction", "approx_kl",
                     "logprob_gap", "logprob_gap_same_version", "is_weight_mean", "is_outside_share", "entropy",
                     "return_seat0", "return_seat1", "kl_ref", "lr", "states_known", "states_tracked", "eta", "is_ess",
-                    "guard_trips", "guard_cooldown", "step_scale", "invalid_share", "is_weight_hist"):
+                    "guard_trips", "guard_cooldown", "step_scale", "invalid_share", "is_weight_hist", "rows",
+                    "rows_trained"):
             if key in learner.get("last", {}):
                 row[key] = learner["last"][key]
         if evaluation is not None:
