@@ -25,6 +25,13 @@ sets of numbers it likes. The verifier checks the target is reachable from the d
 the deal's doing (the same numbers dealt again and the same target picked), so ``repeat_reward`` applies only to
 tasks whose numbers the proposer chose: with dealt numbers every task pays its full learnability.
 
+With ``witness`` (``envs.witness``; dealt numbers only) the proposer writes an expression of some of the dealt
+numbers, ``[4 * 5]``, and its value is the target: ``free``, any expression with at least one operation; ``typed``,
+the form the env drew for the episode (``envs.witness.DRAWN``, evenly; the numbers are dealt until they allow
+it), which the prompt names. The solvers see the numbers in ascending order, so that nothing of which ones the
+witness took shows in where they stand. The proposer need not compute anything: as Absolute Zero's proposer writes a program and an executor
+computes its output, the env evaluates the expression.
+
 With ``deal_tasks`` the env sets every task itself (2 to 4 numbers and a target drawn evenly from those they
 reach, all from the episode's seed) and the proposer has no move (reward 0): the solvers alone, on tasks of no
 one's choosing. It is the recipe's control: what the solver learns without a proposer, against which a
@@ -58,10 +65,12 @@ from envs.actions import bracket, first_move, read_int
 from envs.base import StepResult
 from envs.countdown import evaluate, numbers_used, parse_expression, reachable
 from envs.task_buffer import TaskBuffer, shared_buffer
+from envs.witness import DRAWN, FORMS, SHOWN, form_of, witnesses
 
 MIN_NUMBERS, MAX_NUMBERS = 2, 4
 MAX_SOLVERS = 8
 MAX_DEALS = 1000  # redeals of numbers that reach no target in range before the settings are called impossible
+WITNESSES = ("none", "free", "typed")  # the proposer claims a target, or writes an expression of any or a drawn form
 COPY_TARGETS = ("unpaid", "invalid")  # a target that is one of the numbers: valid but earning 0, or invalid
 KINDS = ("copy", "a+b", "a*b", "a-b", "other")  # ``task_kind``
 
@@ -116,7 +125,7 @@ class ProposeSolve:
                  buffer: TaskBuffer | None = None, buffer_share: float = 0.25, references: int = 2,
                  max_new_tokens: int | None = None, repeat_reward: float = 0.0,
                  deal_numbers: bool = False, copy_target: str = "unpaid", balance_kinds: bool = False,
-                 deal_tasks: bool = False):
+                 deal_tasks: bool = False, witness: str = "none"):
         if not 1 <= solvers <= MAX_SOLVERS:
             raise ValueError(f"solvers must be 1 to {MAX_SOLVERS}, not {solvers}")
         if not 1 <= max_number <= 1000 or not 1 <= max_target <= 10**6:
@@ -132,6 +141,9 @@ class ProposeSolve:
         if not isinstance(deal_tasks, bool) or (deal_tasks and deal_numbers):
             raise ValueError(f"deal_tasks must be true or false, and true leaves the proposer nothing to write, so "
                              f"deal_numbers must then be false: not deal_tasks={deal_tasks!r}, deal_numbers={deal_numbers!r}")
+        if witness not in WITNESSES or (witness != "none" and not deal_numbers):
+            raise ValueError(f"witness must be one of {', '.join(WITNESSES)}, and an expression is of dealt numbers, so "
+                             f"deal_numbers must then be true: not witness={witness!r}, deal_numbers={deal_numbers!r}")
         if copy_target not in COPY_TARGETS:
             raise ValueError(f"copy_target must be one of {', '.join(COPY_TARGETS)}, not {copy_target!r}")
         if buffer is not None and not isinstance(buffer, TaskBuffer):
@@ -142,7 +154,7 @@ class ProposeSolve:
         self.solvers, self.max_number, self.max_target = solvers, max_number, max_target
         self.buffer, self.buffer_share, self.references = buffer, buffer_share, references
         self.repeat_reward, self.deal_numbers, self.copy_target = repeat_reward, deal_numbers, copy_target
-        self.balance_kinds, self.deal_tasks = balance_kinds, deal_tasks
+        self.balance_kinds, self.deal_tasks, self.witness = balance_kinds, deal_tasks, witness
         self.num_players = solvers + 1
         self.roles = ["proposer"] + ["solver"] * solvers
         self.max_tokens = max_new_tokens  # each turn's generation budget (None: the env actor's)
@@ -156,6 +168,8 @@ class ProposeSolve:
         self.done = False
         self.novel = True  # the proposal is not in the buffer yet
         self.kind: str | None = None  # what the proposal asks (``task_kind``), once it is set
+        self.dealt: tuple[int, ...] | None = None
+        self.form: str | None = None  # the form asked of a typed witness
         self._example_seed = rng.randrange(2**31)  # the legal proposal's, drawn only when asked for
         self.replayed = bool(self.buffer) and rng.random() < self.buffer_share
         shown = self.buffer.sample(self.references, rng) if self.buffer and self.references else []
@@ -169,13 +183,16 @@ class ProposeSolve:
             self.target = task_rng.choice(self._targets(self.numbers))
             self.kind = task_kind(self.numbers, self.target)
         self.turn = 0 if self.numbers is None else 1
-        # the numbers dealt to the proposer: a function of the seed alone (not of the buffer's contents)
-        self.dealt = self._deal(random.Random(self._example_seed)) if self.deal_numbers and not self.replayed else None
+        # the numbers dealt to the proposer, and the form asked of its expression: a function of the seed alone
+        if self.deal_numbers and not self.replayed:
+            if self.witness == "typed":  # a form first, then numbers that allow it
+                self.form = random.Random(self._example_seed + 2).choice(DRAWN)
+            self.dealt = self._deal(random.Random(self._example_seed))
 
     def _deal(self, rng: random.Random) -> tuple[int, ...]:
         for _ in range(MAX_DEALS):
             numbers = tuple(rng.randint(1, self.max_number) for _ in range(rng.randint(MIN_NUMBERS, MAX_NUMBERS)))
-            if self._targets(numbers):
+            if self._targets(numbers) and (self.form is None or witnesses(numbers, self.form, self.max_target)):
                 return numbers
         raise ValueError(f"deal_numbers: {MAX_DEALS} deals of numbers from 1 to {self.max_number} reached no target "
                          f"from 1 to {self.max_target}; widen max_target")
@@ -218,6 +235,11 @@ class ProposeSolve:
         earlier = "".join(f"\n{text}" + ("" if rate is None else f" solved {round(100 * rate)}%")
                           for text, rate in self.examples)
         earlier = f"\nEarlier tasks:{earlier}" if earlier else ""
+        if self.witness != "none":
+            return (f"Set a Countdown task. Numbers: {' '.join(map(str, self.dealt))}. Write an expression of some of "
+                    f"them (each at most once) that {SHOWN[self.form]}: its value, a whole number from 1 to "
+                    f"{self.max_target}, is the target. {self.solvers} solvers will try to reach it: you score when "
+                    f"some but not all do.{earlier}\nExpression:")
         if self.dealt is not None:
             return (f"Propose a Countdown target. Numbers: {' '.join(map(str, self.dealt))}. Write a target from 1 to "
                     f"{self.max_target} that some of them reach with + - * / (each at most once). Example: for 3 4 5, "
@@ -257,6 +279,10 @@ class ProposeSolve:
 
     def _some_proposal(self) -> str:
         """A valid task, the same for a seed."""
+        if self.witness != "none":
+            rng = random.Random(self._example_seed + 1)
+            return rng.choice(witnesses(self.dealt, self.form or rng.choice(FORMS[1:]), self.max_target) or
+                              witnesses(self.dealt, "other", self.max_target))
         if self.dealt is not None:
             return str(random.Random(self._example_seed + 1).choice(self._targets(self.dealt)))
         rng = random.Random(self._example_seed)
@@ -275,6 +301,8 @@ class ProposeSolve:
         return StepResult([0.0] * self.num_players, terminated=False, invalid=True, info={"reason": reason})
 
     def _propose(self, action_text: str) -> StepResult:
+        if self.witness != "none":
+            return self._propose_expression(action_text)
         if self.dealt is not None:
             return self._propose_target(action_text)
         proposal = first_move(action_text, read_proposal)
@@ -292,6 +320,19 @@ class ProposeSolve:
         if not 1 <= target <= self.max_target:
             return self._invalid(f"a target from 1 to {self.max_target}")
         return self._set_task(self.dealt, target)
+
+    def _propose_expression(self, action_text: str) -> StepResult:
+        expression = first_move(action_text, parse_expression)
+        if expression is None:
+            return self._invalid("an expression of the numbers in brackets, like [3 * 4 + 5]")
+        if numbers_used(expression) - Counter(self.dealt):
+            return self._invalid(f"only numbers of {' '.join(map(str, self.dealt))}, each at most once")
+        if form_of(expression) != self.form if self.form else form_of(expression) == "copy":
+            return self._invalid(f"an expression that {SHOWN[self.form].split(',')[0]}")
+        value = evaluate(expression)
+        if value is None or value.denominator != 1 or not 1 <= value <= self.max_target:
+            return self._invalid(f"an expression whose value is a whole number from 1 to {self.max_target}")
+        return self._set_task(tuple(sorted(self.dealt)), int(value))  # in order: the witness's stays unseen
 
     def _set_task(self, numbers: tuple[int, ...], target: int) -> StepResult:
         if Fraction(target) not in reachable(tuple(sorted(numbers))):

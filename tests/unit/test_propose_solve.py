@@ -13,6 +13,7 @@ from envs.countdown import numbers_used, evaluate, parse_expression, reachable
 from envs.propose_solve import ProposeSolve, kind_balance, task_kind
 from envs.registry import make
 from envs.task_buffer import SCHEMA, TaskBuffer, shared_buffer
+from envs.witness import DRAWN, FORMS, SHOWN, form_of, witnesses
 from streams.messages import Completion
 from streams.schema import Columns
 
@@ -454,3 +455,61 @@ def test_with_dealt_tasks_the_proposer_sits_out_and_the_solvers_answer_the_seed_
         ProposeSolve(deal_tasks=True, deal_numbers=True)
     with pytest.raises(ValueError, match="deal_tasks must be true or false"):
         ProposeSolve(deal_tasks="yes")
+
+
+def test_a_typed_witness_draws_a_form_and_the_env_computes_the_target_of_the_proposers_expression():
+    forms = Counter()
+    for seed in range(60):
+        g, again = game(deal_numbers=True, witness="typed"), game(deal_numbers=True, witness="typed")
+        g.reset(seed)
+        again.reset(seed)
+        assert (g.dealt, g.form, g.legal_actions()) == (again.dealt, again.form, again.legal_actions())  # the seed
+        assert g.form in DRAWN and witnesses(g.dealt, g.form, 50) and SHOWN[g.form] in g.observation(0)
+        forms[g.form] += 1
+        move = g.legal_actions()[0]
+        expression = parse_expression(move[1:-1])
+        assert form_of(expression) == g.form
+        result = g.step(f"here it is: {move}")
+        assert not result.invalid and (g.numbers, g.target) == (tuple(sorted(g.dealt)), evaluate(expression))
+        assert f"Numbers: {' '.join(map(str, sorted(g.dealt)))}. Target: {g.target}." in g.observation(1)
+        assert "[" not in g.observation(1).split("Target:")[0]  # the solver never sees the witness
+    assert set(forms) == set(DRAWN) and min(forms.values()) >= 6  # each drawn (evenly: 15 of 60 expected)
+
+
+def test_a_witness_of_another_form_or_numbers_not_dealt_or_an_out_of_range_value_is_a_forfeit():
+    g = game(deal_numbers=True, witness="typed")
+    for seed in range(100):
+        g.reset(seed)
+        if g.form == "a*b":
+            break
+    a, b = sorted(g.dealt)[-2:]
+    not_dealt = next(n for n in range(1, 11) if n not in g.dealt)
+    for move, reason in ((f"[{a} + {b}]", "multiplies two of them"), (f"[{a} * {not_dealt}]", "each at most once"),
+                         (f"[{a}]", "multiplies two of them"), ("[a * b]", "an expression of the numbers"),
+                         (f"[{a} * {a} * {a} * {a}]", "each at most once")):
+        g.reset(seed)
+        result = g.step(move)
+        assert result.invalid and result.terminated and reason in result.info["reason"], (move, result.info)
+        assert g.numbers is None
+    free = game(deal_numbers=True, witness="free", max_target=5)
+    free.reset(seed)
+    assert free.step(f"[{free.dealt[0]}]").info["reason"] == "an expression that has at least one operation"
+    free.reset(seed)
+    low, high = sorted(free.dealt[:2])
+    assert free.step(f"[{low} - {high}]").info["reason"].endswith("a whole number from 1 to 5")  # 0 or less
+    with pytest.raises(ValueError, match="deal_numbers must then be true"):
+        ProposeSolve(witness="free")
+    with pytest.raises(ValueError, match="witness must be one of"):
+        ProposeSolve(deal_numbers=True, witness="yes")
+
+
+def test_witnesses_of_each_form_reach_whole_targets_in_range():
+    assert witnesses((3, 4), "a-b", 50) == ["4 - 3"] and witnesses((3, 4), "a*b", 10) == []
+    assert witnesses((4, 3, 4), "copy", 50) == ["3", "4"] and witnesses((4, 60), "copy", 50) == ["4"]
+    assert "8 / 4" in witnesses((4, 8, 2), "other", 50) and "4 / 8" not in witnesses((4, 8, 2), "other", 50)
+    for form in FORMS:
+        for text in witnesses((2, 5, 7, 9), form, 50):
+            value = evaluate(parse_expression(text))
+            assert form_of(parse_expression(text)) == form and value.denominator == 1 and 1 <= value <= 50
+    with pytest.raises(ValueError, match="form must be one of"):
+        witnesses((3, 4), "a^b", 50)
