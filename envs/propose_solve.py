@@ -29,8 +29,8 @@ With ``witness`` (``envs.witness``; dealt numbers only) the proposer writes an e
 numbers, ``[4 * 5]``, and its value is the target: ``free``, any expression with at least one operation; ``typed``,
 the form the env drew for the episode (``envs.witness.DRAWN``, evenly; the numbers are dealt until they allow
 it), which the prompt names. The solvers see the numbers in ascending order, so that nothing of which ones the
-witness took shows in where they stand. The proposer need not compute anything: as Absolute Zero's proposer writes a program and an executor
-computes its output, the env evaluates the expression.
+witness took shows in where they stand. The proposer need not compute anything: as Absolute Zero's proposer writes
+a program and an executor computes its output, the env evaluates the expression.
 
 With ``deal_tasks`` the env sets every task itself (2 to 4 numbers and a target drawn evenly from those they
 reach, all from the episode's seed) and the proposer has no move (reward 0): the solvers alone, on tasks of no
@@ -142,8 +142,9 @@ class ProposeSolve:
             raise ValueError(f"deal_tasks must be true or false, and true leaves the proposer nothing to write, so "
                              f"deal_numbers must then be false: not deal_tasks={deal_tasks!r}, deal_numbers={deal_numbers!r}")
         if witness not in WITNESSES or (witness != "none" and not deal_numbers):
-            raise ValueError(f"witness must be one of {', '.join(WITNESSES)}, and an expression is of dealt numbers, so "
-                             f"deal_numbers must then be true: not witness={witness!r}, deal_numbers={deal_numbers!r}")
+            raise ValueError(f"witness must be one of {', '.join(WITNESSES)}, and an expression is of dealt numbers, "
+                             f"so deal_numbers must then be true: not witness={witness!r}, "
+                             f"deal_numbers={deal_numbers!r}")
         if copy_target not in COPY_TARGETS:
             raise ValueError(f"copy_target must be one of {', '.join(COPY_TARGETS)}, not {copy_target!r}")
         if buffer is not None and not isinstance(buffer, TaskBuffer):
@@ -281,7 +282,8 @@ class ProposeSolve:
         """A valid task, the same for a seed."""
         if self.witness != "none":
             rng = random.Random(self._example_seed + 1)
-            return rng.choice(witnesses(self.dealt, self.form or rng.choice(FORMS[1:]), self.max_target) or
+            form = self.form or rng.choice([f for f in FORMS if f != "copy"])  # free: never a number alone
+            return rng.choice(witnesses(self.dealt, form, self.max_target) or
                               witnesses(self.dealt, "other", self.max_target))
         if self.dealt is not None:
             return str(random.Random(self._example_seed + 1).choice(self._targets(self.dealt)))

@@ -24,7 +24,8 @@ FORMS = ("copy", "a+b", "a-b", "a*b", "other")
 # of 51), so asking for it only cost a forfeit. Not ``copy``: a proposer valid on copies alone wrote a number alone
 # for every form asked (benchmarks/RESULTS.md, "Role self-play")
 DRAWN = ("a+b", "a-b", "a*b")
-SHOWN = {"copy": "is one of them alone, like [9]", "a+b": "adds two of them, like [4 + 9]", "a-b": "subtracts one from another, like [9 - 4]",
+SHOWN = {"copy": "is one of them alone, like [9]", "a+b": "adds two of them, like [4 + 9]",
+         "a-b": "subtracts one from another, like [9 - 4]",
          "a*b": "multiplies two of them, like [4 * 5]",
          "other": "has two operations or a division, like [3 * 4 + 5]",
          None: "has at least one operation, like [3 * 4 + 5]"}
@@ -41,8 +42,9 @@ def form_of(expression) -> str:
 
 def witnesses(numbers: tuple[int, ...], form: str, max_target: int) -> list[str]:
     """Expressions of ``form`` from some of ``numbers`` (each at most once) whose value is a whole number from 1
-    to ``max_target``: one of them alone (``copy``), a pair of them with one operation, or, for ``other``, a division of two or three of them with
-    two operations. Sorted, so that a seeded draw among them is the same everywhere."""
+    to ``max_target``: one of them alone (``copy``), a pair of them with one operation, or, for ``other``, a
+    division of two of them or two operations on three. Sorted, so that a seeded draw among them is the same
+    everywhere."""
     if form not in FORMS:
         raise ValueError(f"form must be one of {', '.join(FORMS)}, not {form!r}")
     return list(_witnesses(tuple(sorted(numbers)), form, max_target))
