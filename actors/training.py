@@ -357,7 +357,7 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     low, high, bins = IS_LOG2_BINS  # tokens by w, keyed by each bin's upper edge (as a number)
     merged["is_weight_hist"] = {f"{2 ** (low + (k + 1) * (high - low) / bins):.4g}": int(n) for k, n in
                                 enumerate(w_bins) if n}
-    return {**stats, **merged, **seat_returns, "logprob_gap": gap / max(tokens, 1), "tokens": int(tokens),
+    return {**stats, **merged, **seat_returns, "logprob_gap": gap / max(tokens, 1), "tokens": int(loss_mask.sum()),
             "rows": int(batch.input_ids.shape[0]), "rows_trained": int(trained.sum()),
             "microbatches": sum(len(m) for _, _, m in steps)}
 
