@@ -102,11 +102,10 @@ def idle_rows(base, args, vocab: int) -> str:
     """Updates on a batch with ``args.idle_share`` of its rows at advantage 0 (``grpo_mean`` over returns of mean
     0: the idle rows return 0, the others +1 and -1 in turn), computing every row and leaving the idle ones out."""
     rng = random.Random(2)
-    returns = [0.0 if rng.random() < args.idle_share else 1.0 for _ in range(args.rows)]
-    signs = iter([1.0, -1.0] * args.rows)
-    returns = [r and next(signs) for r in returns]
-    if sum(returns):  # an odd count of +-1: one more idle row, so that the mean is exactly 0
-        returns[max(i for i, r in enumerate(returns) if r == 1.0)] = 0.0
+    active = [i for i in range(args.rows) if rng.random() >= args.idle_share]
+    returns = [0.0] * args.rows
+    for k, i in enumerate(active[:len(active) // 2 * 2]):  # an even count of them, so that the mean is exactly 0
+        returns[i] = -1.0 if k % 2 else 1.0
     batch, default = mixed_batch(args.rows, args.long_share, vocab, returns=returns), training.trained_rows
     times, weights = {"every row": [], "trained rows": []}, {}
     every_row = lambda _objective, advantages, *_: torch.ones_like(advantages, dtype=torch.bool)  # noqa: E731

@@ -65,14 +65,14 @@ from envs.actions import bracket, first_move, read_int
 from envs.base import StepResult
 from envs.countdown import evaluate, numbers_used, parse_expression, reachable
 from envs.task_buffer import TaskBuffer, shared_buffer
-from envs.witness import DRAWN, FORMS, SHOWN, form_of, witnesses
+from envs.witness import DRAWN, FORMS, OPERATIONS, SHOWN, form_of, witnesses
 
 MIN_NUMBERS, MAX_NUMBERS = 2, 4
 MAX_SOLVERS = 8
 MAX_DEALS = 1000  # redeals of numbers that reach no target in range before the settings are called impossible
 WITNESSES = ("none", "free", "typed")  # the proposer claims a target, or writes an expression of any or a drawn form
 COPY_TARGETS = ("unpaid", "invalid")  # a target that is one of the numbers: valid but earning 0, or invalid
-KINDS = ("copy", "a+b", "a*b", "a-b", "other")  # ``task_kind``
+KINDS = FORMS  # ``task_kind``'s names: the forms of ``envs.witness``
 
 
 def learnability(solve_rate: float) -> float:
@@ -193,10 +193,16 @@ class ProposeSolve:
     def _deal(self, rng: random.Random) -> tuple[int, ...]:
         for _ in range(MAX_DEALS):
             numbers = tuple(rng.randint(1, self.max_number) for _ in range(rng.randint(MIN_NUMBERS, MAX_NUMBERS)))
-            if self._targets(numbers) and (self.form is None or witnesses(numbers, self.form, self.max_target)):
+            if self._targets(numbers) and self._witnessed(numbers):
                 return numbers
         raise ValueError(f"deal_numbers: {MAX_DEALS} deals of numbers from 1 to {self.max_number} reached no target "
                          f"from 1 to {self.max_target}; widen max_target")
+
+    def _witnessed(self, numbers) -> bool:
+        """Can a witness be written for ``numbers``: one of the form asked (typed), of some operation (free)?"""
+        if self.witness == "none":
+            return True
+        return any(witnesses(numbers, form, self.max_target) for form in ([self.form] if self.form else OPERATIONS))
 
     def _targets(self, numbers) -> list[int]:
         """The whole targets in range that ``numbers`` reach (and, with ``copy_target=invalid``, that are none of
@@ -282,9 +288,10 @@ class ProposeSolve:
         """A valid task, the same for a seed."""
         if self.witness != "none":
             rng = random.Random(self._example_seed + 1)
-            form = self.form or rng.choice([f for f in FORMS if f != "copy"])  # free: never a number alone
-            return rng.choice(witnesses(self.dealt, form, self.max_target) or
-                              witnesses(self.dealt, "other", self.max_target))
+            found = witnesses(self.dealt, self.form or rng.choice(OPERATIONS), self.max_target)  # free: not a copy
+            for fallback in ("other", *OPERATIONS):  # free: the form drawn may have none (``_witnessed``: some has)
+                found = found or witnesses(self.dealt, fallback, self.max_target)
+            return rng.choice(found)
         if self.dealt is not None:
             return str(random.Random(self._example_seed + 1).choice(self._targets(self.dealt)))
         rng = random.Random(self._example_seed)

@@ -20,6 +20,7 @@ from envs.countdown import evaluate, parse_expression
 # one of the numbers alone, one +, one -, one *, or anything else (a division, several operations): the kinds of
 # task ``envs.propose_solve.task_kind`` names
 FORMS = ("copy", "a+b", "a-b", "a*b", "other")
+OPERATIONS = FORMS[1:]  # the forms with at least one operation: a free witness's
 # the forms a typed witness is drawn from. Not ``other``: the tiny model's warmed-up proposer wrote no valid one (0
 # of 51), so asking for it only cost a forfeit. Not ``copy``: a proposer valid on copies alone wrote a number alone
 # for every form asked (benchmarks/RESULTS.md, "Role self-play")
@@ -64,10 +65,6 @@ def _witnesses(numbers: tuple[int, ...], form: str, max_target: int) -> tuple[st
         texts.update(str(n) for n in numbers)
     else:
         texts.update(f"{a} {form[1]} {b}" for a, b in permutations(numbers, 2))
-    found = []
-    for text in texts:
-        expression = parse_expression(text)
-        value = evaluate(expression)
-        if form_of(expression) == form and value is not None and value.denominator == 1 and 1 <= value <= max_target:
-            found.append(text)
-    return tuple(sorted(found))
+    values = {text: evaluate(parse_expression(text)) for text in texts}  # each text has its form by construction
+    return tuple(sorted(text for text, value in values.items()
+                        if value is not None and value.denominator == 1 and 1 <= value <= max_target))

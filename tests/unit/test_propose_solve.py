@@ -513,3 +513,11 @@ def test_witnesses_of_each_form_reach_whole_targets_in_range():
             assert form_of(parse_expression(text)) == form and value.denominator == 1 and 1 <= value <= 50
     with pytest.raises(ValueError, match="form must be one of"):
         witnesses((3, 4), "a^b", 50)
+
+
+def test_free_witnesses_are_dealt_numbers_that_allow_some_operation_even_with_a_small_max_target():
+    for seed in range(40):  # with max_target 3 many deals reach only a copy, (3, 8) -> 3: they are dealt again
+        g = game(deal_numbers=True, witness="free", max_target=3)
+        g.reset(seed)
+        move = g.legal_actions()[0]
+        assert form_of(parse_expression(move[1:-1])) != "copy" and not g.step(move).invalid
