@@ -18,7 +18,7 @@ SECTIONS = {
     "throughput": ("episodes_per_s", "tokens_per_s", "episodes", "turns", "tokens", "trained_episodes",
                    "live_episodes", "train_episodes", "version", "data_cursor"),
     "system": ("learner_busy", "learner_train_s", "rollout_idle", "queue_requests", "queue_replay", "rollout_actors",
-               "env_actors", "dropped_frames", "dataset_cpu_s"),
+               "rollout_requests", "env_actors", "dropped_frames", "dataset_cpu_s"),
     "faults": ("restarts", "rejected_episodes", "rejected_turns", "reissued_requests", "duplicate_completions",
                "guard_trips", "guard_cooldown", "restarts_by_actor", "scale_events"),
     "staleness": ("staleness_mean", "staleness_max", "eta", "is_ess", "is_weight_mean", "is_outside_share",

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 # counters that a restarted env or rollout actor starts again from 0, and that the run's totals continue (a
 # restarted learner takes its own back from its checkpoint; replay and reward's are not summed into totals)
 CONTINUED = ("episodes", "train_episodes", "train_return_sum", "turns", "invalid_actions", "tokens",
-             "reissued_requests", "duplicate_completions")
+             "reissued_requests", "duplicate_completions", "requests")
 CONTINUED_KINDS = ("env", "rollout")
 
 
@@ -135,6 +135,8 @@ class MetricsLog:
                "rollout_idle": sum(s.get("idle_fraction", 0.0) for s in rollouts) / max(len(live_rollouts), 1),
                "queue_requests": sum(s.get("queued_requests", 0) for s in rollouts),
                "rollout_actors": len(live_rollouts),
+               "rollout_requests": {name: s.get("requests", 0) for name, s in stats.items()
+                                    if name.startswith("rollout")},  # what each has answered so far
                "env_actors": sum(not s.get("retired") for s in envs),
                "queue_replay": replay.get("buffered", 0),
                "live_episodes": sum(s.get("live_episodes", 0) for s in envs),

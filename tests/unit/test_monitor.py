@@ -63,12 +63,15 @@ def test_totals_go_on_across_a_restart_and_after_an_actor_leaves(tmp_path):
     log = MetricsLog(tmp_path)
     learner = {"version": 1, "episodes": 0, "train_s": 0.0}
     env = {"episodes": 10, "turns": 30, "invalid_actions": 1}
-    log.snapshot({"learner": learner, "env-0": env, "rollout-0": {"tokens": 100}, "rollout-1": {"tokens": 50}})
+    log.snapshot({"learner": learner, "env-0": env, "rollout-0": {"tokens": 100, "requests": 4},
+                  "rollout-1": {"tokens": 50, "requests": 2}})
     log.restarted("rollout-0")  # back from 0
     log.retired("rollout-1")  # gone, with what it counted
     log.retired("rollout-2")  # joined and left between two snapshots: counted nothing here
-    row = log.snapshot({"learner": learner, "env-0": env, "rollout-0": {"tokens": 5}})
+    row = log.snapshot({"learner": learner, "env-0": env, "rollout-0": {"tokens": 5, "requests": 1}})
     assert row["tokens"] == 155 and row["tokens_per_s"] >= 0 and row["restarts"] == 1
+    # each rollout actor's requests answered, its restarts' and the retired ones' included
+    assert row["rollout_requests"] == {"rollout-0": 5, "rollout-1": 2, "rollout-2": 0}, row["rollout_requests"]
 
 
 def test_a_role_games_figures_are_in_each_row_and_on_the_curve(tmp_path):
