@@ -38,6 +38,15 @@ FIXED_MOVES_PER_CHECKPOINT = 8  # moves of fixed players (no await of their own)
 Policy = Callable[[list[int], int, str], Awaitable[Completion]]
 
 
+def matchup(seats: list[str], task_type: str = "") -> str:
+    """An episode's ``matchup`` column, the learner's baseline partition with the row's role: who sat where
+    (``main,random``), and the type of task where the game draws one for the episode (its ``task_type``;
+    ``main,main/a+b``), as Absolute Zero keeps a baseline per task type and role."""
+    if not isinstance(task_type, str):
+        raise TypeError(f"a game's task_type must be a str, not {type(task_type).__name__}")
+    return ",".join(seats) + (f"/{task_type}" if task_type else "")
+
+
 @dataclass(frozen=True)
 class EpisodeSettings:
     """How an episode asks for moves and labels its rows."""
@@ -105,7 +114,7 @@ async def _play(game, seats: list[str], turns: _Turns, episode_id: str, seed: in
                 learner: str | None) -> tuple[list[dict], list[float]]:
     game.reset(seed)
     fixed = [make_opponent(name, seed=seed + s) if name in OPPONENTS else None for s, name in enumerate(seats)]
-    episode = turns.episode_columns(episode_id, seats, seed, learner) if None in fixed else None  # rows share it
+    episode = turns.episode_columns(game, episode_id, seats, seed, learner) if None in fixed else None  # rows share it
     credit = RewardCredit(game.num_players)
     if getattr(game, "simultaneous_players", None) is None:  # no move is asked ahead: no nursery to open
         result = await _turns(game, seats, turns, fixed, episode, credit, learner, None)
@@ -159,12 +168,12 @@ class _Turns:
     def __init__(self, policy: Policy, codec, settings: EpisodeSettings, counts: EpisodeCounts):
         self.policy, self.codec, self.settings, self.counts = policy, codec, settings, counts
 
-    def episode_columns(self, episode_id: str, seats: list[str], seed: int, learner: str | None) -> dict:
+    def episode_columns(self, game, episode_id: str, seats: list[str], seed: int, learner: str | None) -> dict:
         """What every row of an episode shares."""
         return {
             Columns.EPISODE_ID: episode_id, Columns.ENV_NAME: self.settings.env_name,
             Columns.SEED: seed, Columns.POLICY_ID: learner, Columns.CREATED_AT: time.time(),
-            Columns.MATCHUP: ",".join(seats),
+            Columns.MATCHUP: matchup(seats, getattr(game, "task_type", "")),
         }
 
     async def ask(self, game, seat: int, policy: str) -> dict:

@@ -22,6 +22,9 @@ last third from the proposer's turns in the metrics. Last line:
 `--answers MODEL_DIR` (no run): what that model writes on the held-out tasks, greedily: right, wrong, unreadable or
 with numbers not given, its commonest operator sequences, and what it gets right by kind of task.
 
+`--proposals MODEL_DIR` (no run): that model's proposals of the recipe's typed witness, sampled, valid by form
+drawn, with and without stored tasks shown in the prompt.
+
 `--ceiling N` (no run): the base model after N supervised steps on right answers (the env's expert) to random
 dealt tasks outside the held-out set, scored on the held-out set: what direct supervision makes of the tiny
 model, a reference for the solver's gain. Last line: `expert_sft_steps=N heldout_start=<x> heldout_expert=<x>`.
@@ -34,13 +37,16 @@ import json
 import logging
 import random
 import sys
+from collections import Counter
 from fractions import Fraction
 from pathlib import Path
 
-RECIPE = [  # configs/recipe/propose_solve.yaml, and a base model warmed up on the recipe without a task buffer
-    "+recipe=propose_solve", "model.tiny.warmup_env=propose_solve",
-    "++model.tiny.warmup_env_args={solvers:4,buffer:null}", "model.tiny.warmup_expert_share=0.3", "run.progress=false",
-]
+# configs/recipe/propose_solve.yaml, and a base model warmed up on the recipe's form with a task buffer of its own:
+# the run's proposer prompts show stored tasks, and one warmed up on prompts without them wrote valid expressions of
+# the drawn form 4% of the time when they were there (85% without; benchmarks/RESULTS.md, "Role self-play")
+WARMUP_ARGS = "{solvers:4,buffer:warmup,deal_numbers:true,witness:typed,forms:['copy','a+b','a-b','a*b']}"
+RECIPE = ["+recipe=propose_solve", "model.tiny.warmup_env=propose_solve", f"++model.tiny.warmup_env_args={WARMUP_ARGS}",
+          "model.tiny.warmup_expert_share=0.3", "run.progress=false"]
 
 
 def heldout_tasks(count: int, seed: int = 20261126) -> list[tuple[tuple[int, ...], int]]:
@@ -77,6 +83,41 @@ def answers(model_dir: Path, tasks: list):
         yield numbers, target, answer, bool(not result.invalid and result.info.get("correct"))
 
 
+def proposal_validity(model_dir: Path, episodes: int = 120, forms=("copy", "a+b", "a-b", "a*b")) -> str:
+    """The proposer of the model at ``model_dir`` (the recipe's typed witness), sampled at temperature 1 on
+    ``episodes`` dealt deals: its valid share by form drawn, with no stored tasks in its prompt and with two (a
+    run's proposer prompts show them once its buffer holds tasks)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envs.propose_solve import ProposeSolve
+    from envs.task_buffer import TaskBuffer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    stored, rng = TaskBuffer(capacity=64), random.Random(1)
+    for seed in range(40):
+        dealt = ProposeSolve(deal_tasks=True, buffer=None)
+        dealt.reset(seed)
+        stored.record(dealt.numbers, dealt.target, rng.choice([0.0, 0.25, 0.5, 1.0]))
+    torch.manual_seed(0)
+    parts = []
+    for buffer in (None, stored):
+        valid, drawn = Counter(), Counter()
+        for seed in range(episodes):
+            game = ProposeSolve(buffer=buffer, buffer_share=0.0, deal_numbers=True, witness="typed", forms=forms)
+            game.reset(seed)
+            ids = tokenizer(game.observation(0), return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                out = model.generate(ids, max_new_tokens=24, do_sample=True, temperature=1.0,
+                                     pad_token_id=tokenizer.pad_token_id)
+            drawn[game.form] += 1
+            valid[game.form] += not game.step(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)).invalid
+        parts.append(f"{'with' if buffer else 'without'} stored tasks: "
+                     + ", ".join(f"{form} {valid[form]}/{n}" for form, n in sorted(drawn.items())))
+    return "valid proposals by form, " + "; ".join(parts)
+
+
 def solve_rate(model_dir: Path, tasks: list) -> float:
     """The share of ``tasks`` the model at ``model_dir`` answers right, greedily, as a solver of the game."""
     return sum(right for *_, right in answers(model_dir, tasks)) / len(tasks)
@@ -85,8 +126,6 @@ def solve_rate(model_dir: Path, tasks: list) -> float:
 def answer_forms(model_dir: Path, tasks: list) -> str:
     """What the solver writes: right, wrong, unreadable, or with numbers it was not given; the commonest operator
     sequences of its readable answers; and the tasks of each ``task_kind`` it gets right."""
-    from collections import Counter
-
     from envs.actions import first_move
     from envs.countdown import numbers_used, parse_expression
     from envs.propose_solve import task_kind
@@ -185,9 +224,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default="runs/bench-roles")
     parser.add_argument("--ceiling", type=int, default=0, help="no run: N supervised steps on the expert's answers")
     parser.add_argument("--answers", metavar="MODEL_DIR", help="no run: what this model writes on the held-out tasks")
+    parser.add_argument("--proposals", metavar="MODEL_DIR", help="no run: how often this model's proposals are valid")
     args, overrides = parser.parse_known_args(argv)
     if args.answers:
         print(answer_forms(Path(args.answers), heldout_tasks(args.heldout)))
+        return 0
+    if args.proposals:
+        print(proposal_validity(Path(args.proposals)))
         return 0
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     minutes, count = args.minutes, args.heldout

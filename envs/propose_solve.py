@@ -12,36 +12,28 @@ Rewards, all at the end: a solver 1 if its expression equals the target, else 0;
 learnability, 1 - r when 0 < r < 1, else 0, where r is the share of solvers that solved it. A task all solve,
 or none, teaches nothing, and neither does one whose target is one of its numbers (``[3 4 5 -> 4]``: no
 arithmetic): it earns the proposer 0 whatever the solvers do (with ``copy_target="invalid"`` it is an invalid
-proposal, so the legal proposals of the warm-up never copy either). With dealt numbers a proposer paid for such
-tasks chose them for 62% of its tasks and the solvers learned to copy a number (benchmarks/RESULTS.md). A task
-the buffer holds already earns ``repeat_reward`` (default 0) times its learnability: without it the proposer
-settled on about 180 tasks, which the solvers learned by heart while their solve rate on tasks they had never
-seen fell (benchmarks/RESULTS.md, "Role self-play").
+proposal, and the warm-up's legal proposals never copy). A task the buffer holds already earns ``repeat_reward``
+(default 0) times its learnability, so that the proposer does not settle on a few tasks the solvers learn by
+heart (benchmarks/RESULTS.md, "Role self-play", has what each of these rules was measured against).
 
 With ``deal_numbers`` the env deals the numbers (2 to 4 of them in 1..``max_number``, from the episode's seed,
 redealt until some target in range is reachable) and the proposer writes only a target they reach, ``[17]``:
-Absolute Zero's proposer still sets the difficulty, through the target, but it cannot narrow the tasks to a few
-sets of numbers it likes. The verifier checks the target is reachable from the dealt numbers. A repeat is then
-the deal's doing (the same numbers dealt again and the same target picked), so ``repeat_reward`` applies only to
-tasks whose numbers the proposer chose: with dealt numbers every task pays its full learnability.
+the proposer still sets the difficulty, through the target, but cannot narrow the tasks to a few sets of
+numbers. A repeat is then the deal's doing, so every task pays its full learnability (no ``repeat_reward``).
 
 With ``witness`` (``envs.witness``; dealt numbers only) the proposer writes an expression of some of the dealt
-numbers, ``[4 * 5]``, and its value is the target: ``free``, any expression with at least one operation; ``typed``,
-the form the env drew for the episode (``envs.witness.DRAWN``, evenly; the numbers are dealt until they allow
-it), which the prompt names. The solvers see the numbers in ascending order, so that nothing of which ones the
-witness took shows in where they stand. The proposer need not compute anything: as Absolute Zero's proposer writes
-a program and an executor computes its output, the env evaluates the expression.
+numbers, ``[4 * 5]``, and the env computes its value, the target, as Absolute Zero's executor runs the proposer's
+program: ``free``, any expression with an operation; ``typed``, of the form the env drew from ``forms`` (evenly;
+the numbers are dealt until they allow it), which the prompt names and which is the episode's ``task_type``.
+The solvers see the numbers in ascending order, so that which ones the witness took does not show.
 
 With ``deal_tasks`` the env sets every task itself (2 to 4 numbers and a target drawn evenly from those they
 reach, all from the episode's seed) and the proposer has no move (reward 0): the solvers alone, on tasks of no
 one's choosing. It is the recipe's control: what the solver learns without a proposer, against which a
 proposer's curriculum can be measured (``benchmarks/role_selfplay.py``).
 
-With ``balance_kinds`` the proposer is paid for the variety of what its tasks ask (``task_kind``: a copy, one
-``a+b``, ``a*b`` or ``a-b``, or several operations). A kind that took more than a fair share (one in four of the
-kinds that pay) of the buffer's recent proposals (``envs.task_buffer.KINDS_KEPT``) pays its learnability times
-that fair share over its own (``kind_balance``): a proposer that writes ``a - b`` for every task earns a quarter
-of its learnability.
+With ``balance_kinds`` a kind of task (``task_kind``) past a fair share (one in four of the kinds that pay) of
+the buffer's recent proposals pays its learnability times that fair share over its own (``kind_balance``).
 
 Invalid moves follow ``envs.invalid``: a proposal that cannot be read, is out of range or claims an
 unreachable target (from its own numbers or the dealt ones) is invalid, and so is a solver's answer that cannot
@@ -125,7 +117,7 @@ class ProposeSolve:
                  buffer: TaskBuffer | None = None, buffer_share: float = 0.25, references: int = 2,
                  max_new_tokens: int | None = None, repeat_reward: float = 0.0,
                  deal_numbers: bool = False, copy_target: str = "unpaid", balance_kinds: bool = False,
-                 deal_tasks: bool = False, witness: str = "none"):
+                 deal_tasks: bool = False, witness: str = "none", forms: tuple[str, ...] | list[str] = DRAWN):
         if not 1 <= solvers <= MAX_SOLVERS:
             raise ValueError(f"solvers must be 1 to {MAX_SOLVERS}, not {solvers}")
         if not 1 <= max_number <= 1000 or not 1 <= max_target <= 10**6:
@@ -145,6 +137,9 @@ class ProposeSolve:
             raise ValueError(f"witness must be one of {', '.join(WITNESSES)}, and an expression is of dealt numbers, "
                              f"so deal_numbers must then be true: not witness={witness!r}, "
                              f"deal_numbers={deal_numbers!r}")
+        forms = tuple(forms)
+        if not forms or len(set(forms)) != len(forms) or not set(forms) <= set(FORMS):
+            raise ValueError(f"forms must be distinct forms of {', '.join(FORMS)}, at least one, not {list(forms)}")
         if copy_target not in COPY_TARGETS:
             raise ValueError(f"copy_target must be one of {', '.join(COPY_TARGETS)}, not {copy_target!r}")
         if buffer is not None and not isinstance(buffer, TaskBuffer):
@@ -155,7 +150,7 @@ class ProposeSolve:
         self.solvers, self.max_number, self.max_target = solvers, max_number, max_target
         self.buffer, self.buffer_share, self.references = buffer, buffer_share, references
         self.repeat_reward, self.deal_numbers, self.copy_target = repeat_reward, deal_numbers, copy_target
-        self.balance_kinds, self.deal_tasks, self.witness = balance_kinds, deal_tasks, witness
+        self.balance_kinds, self.deal_tasks, self.witness, self.forms = balance_kinds, deal_tasks, witness, forms
         self.num_players = solvers + 1
         self.roles = ["proposer"] + ["solver"] * solvers
         self.max_tokens = max_new_tokens  # each turn's generation budget (None: the env actor's)
@@ -187,7 +182,7 @@ class ProposeSolve:
         # the numbers dealt to the proposer, and the form asked of its expression: a function of the seed alone
         if self.deal_numbers and not self.replayed:
             if self.witness == "typed":  # a form first, then numbers that allow it
-                self.form = random.Random(self._example_seed + 2).choice(DRAWN)
+                self.form = random.Random(self._example_seed + 2).choice(self.forms)
             self.dealt = self._deal(random.Random(self._example_seed))
 
     def _deal(self, rng: random.Random) -> tuple[int, ...]:
@@ -210,6 +205,13 @@ class ProposeSolve:
         copies = set(numbers) if self.copy_target == "invalid" else set()
         return sorted(int(v) for v in reachable(tuple(sorted(numbers)))
                       if v.denominator == 1 and 1 <= v <= self.max_target and int(v) not in copies)
+
+    @property
+    def task_type(self) -> str:
+        """The episode's type of task, where the env draws one (a typed witness's form), else "": the learner
+        keeps the proposer's baseline per task type (Absolute Zero's per task type and role), so that a form
+        that is easy to write valid does not look better than one that is hard, and crowd the others out."""
+        return self.form or ""
 
     @property
     def current_player(self) -> int:

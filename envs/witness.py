@@ -21,9 +21,8 @@ from envs.countdown import evaluate, parse_expression
 # task ``envs.propose_solve.task_kind`` names
 FORMS = ("copy", "a+b", "a-b", "a*b", "other")
 OPERATIONS = FORMS[1:]  # the forms with at least one operation: a free witness's
-# the forms a typed witness is drawn from. Not ``other``: the tiny model's warmed-up proposer wrote no valid one (0
-# of 51), so asking for it only cost a forfeit. Not ``copy``: a proposer valid on copies alone wrote a number alone
-# for every form asked (benchmarks/RESULTS.md, "Role self-play")
+# the forms a typed witness draws from when ``forms`` is not given (the recipe's config adds ``copy``). Not ``other``:
+# the tiny model's warmed-up proposer wrote no valid one (0 of 51), so asking for it only cost a forfeit
 DRAWN = ("a+b", "a-b", "a*b")
 SHOWN = {"copy": "is one of them alone, like [9]", "a+b": "adds two of them, like [4 + 9]",
          "a-b": "subtracts one from another, like [9 - 4]",

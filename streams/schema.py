@@ -23,7 +23,8 @@ class Columns:
     SEED = "seed"
     TURN = "turn"
     AGENT = "agent"  # seat / role in the game
-    MATCHUP = "matchup"  # who sat where, e.g. "main,random": baselines are kept per (matchup, agent)
+    MATCHUP = "matchup"  # who sat where, e.g. "main,random", and a drawn task type ("main,main/a+b"): baselines are
+    # kept per (matchup, agent) (actors.episode.matchup)
     POLICY_ID = "policy_id"
     PROMPT_IDS = "prompt_ids"
     ACTION_IDS = "action_ids"

@@ -188,3 +188,11 @@ def test_roles_are_written_on_rows_and_simultaneous_seats_are_asked_together():
     assert [r[Columns.ROLE] for r in rows] == ["asker", "guesser", "guesser", "guesser"]
     assert [r[Columns.AGENT] for r in rows] == [0, 1, 2, 3] and [r[Columns.ACTION_TEXT] for r in rows][:3] == \
         ["[7]", "[1]", "[7]"]
+
+
+def test_the_matchup_names_the_seats_and_a_drawn_task_type():
+    from actors.episode import matchup
+
+    assert matchup(["main", "random"]) == "main,random" and matchup(["main"] * 2, "a+b") == "main,main/a+b"
+    with pytest.raises(TypeError, match="task_type must be a str, not int"):
+        matchup(["main"], 3)

@@ -438,6 +438,37 @@ def test_the_benchmarks_answer_forms_account_for_every_held_out_task(tiny_model_
     assert sum(int(r) for _, r, _ in kinds) == verdicts.get("right", 0)
 
 
+def test_the_recipes_config_makes_a_typed_game_whose_legal_moves_are_valid():
+    """configs/env/propose_solve.yaml as +recipe=propose_solve loads it: the game it makes draws each form of its
+    ``forms`` and accepts its own legal proposal."""
+    from actors.cli import load_config
+
+    cfg = load_config(["+recipe=propose_solve"])
+    args = {**cfg.env.args.env_args, "buffer": None}
+    assert (args["deal_numbers"], args["witness"]) == (True, "typed") and cfg.learner.args.objective.advantage == "role_grpo"
+    drawn = set()
+    for seed in range(40):
+        g = make("propose_solve", invalid_penalty=cfg.env.args.invalid_penalty, max_retries=0, **args)
+        g.reset(seed)
+        drawn.add(g.task_type)
+        assert not g.step(g.legal_actions()[0]).invalid
+    assert drawn == set(args["forms"]) == {"copy", "a+b", "a-b", "a*b"}
+
+
+def test_the_benchmarks_proposal_validity_counts_every_deal_with_and_without_stored_tasks(tiny_model_dir):
+    """``role_selfplay.py --proposals``: each deal's form is counted once a part, and no more are valid than drawn."""
+    import re
+
+    from benchmarks.role_selfplay import proposal_validity
+
+    text = proposal_validity(tiny_model_dir, episodes=8)
+    parts = text.split("; ")
+    assert [p.split(": ")[0].split(", ")[-1] for p in parts] == ["without stored tasks", "with stored tasks"], text
+    for part in parts:
+        counts = [(form, int(v), int(n)) for form, v, n in re.findall(r"(copy|a[+*-]b) (\d+)/(\d+)", part)]
+        assert sum(n for *_, n in counts) == 8 and all(v <= n for _, v, n in counts), part
+
+
 def test_with_dealt_tasks_the_proposer_sits_out_and_the_solvers_answer_the_seed_s_task():
     tasks = set()
     for seed in range(30):
@@ -474,6 +505,40 @@ def test_a_typed_witness_draws_a_form_and_the_env_computes_the_target_of_the_pro
         assert f"Numbers: {' '.join(map(str, sorted(g.dealt)))}. Target: {g.target}." in g.observation(1)
         assert "[" not in g.observation(1).split("Target:")[0]  # the solver never sees the witness
     assert set(forms) == set(DRAWN) and min(forms.values()) >= 6  # each drawn (evenly: 15 of 60 expected)
+
+
+def test_the_forms_drawn_are_the_configs_and_each_is_the_episodes_task_type():
+    forms = Counter()
+    for seed in range(40):
+        g = game(deal_numbers=True, witness="typed", forms=["copy", "a*b"])  # a list, as Hydra passes it
+        g.reset(seed)
+        assert g.task_type == g.form and g.form in ("copy", "a*b")
+        forms[g.form] += 1
+        move = g.legal_actions()[0]
+        assert form_of(parse_expression(move[1:-1])) == g.form and not g.step(move).invalid
+    assert set(forms) == {"copy", "a*b"}
+    g = game(deal_numbers=True, witness="typed", forms=["copy"])
+    g.reset(0)
+    assert g.step(f"[{g.dealt[0]}]").invalid is False and g.target == g.dealt[0]  # a copy: valid, unpaid
+    assert [game(**kwargs).task_type for kwargs in ({}, {"deal_numbers": True, "witness": "free"})] == ["", ""]
+    for forms in ([], ["a+b", "a+b"], ["a/b"]):
+        with pytest.raises(ValueError, match="forms must be distinct forms of copy, a\\+b"):
+            game(deal_numbers=True, witness="typed", forms=forms)
+
+
+def test_a_typed_episodes_rows_carry_its_task_type_in_the_matchup_so_the_proposers_baseline_is_per_form():
+    async def policy(prompt_ids, max_tokens, policy_id):
+        prompt = CharCodec().decode(prompt_ids)
+        numbers = prompt.split("Numbers: ")[1].split(".")[0].split()
+        text = f"[{numbers[0]} * {numbers[1]}]" if prompt.startswith("Set") else "[1]"
+        tokens = CharCodec().encode(text)
+        return Completion(1, tokens, [-0.5] * len(tokens), [1] * len(tokens), True)
+
+    g = game(deal_numbers=True, witness="typed", forms=["a*b"], solvers=2, max_new_tokens=24)
+    rows, _ = trio.run(lambda: play_episode(g, ["main"] * 3, policy, CharCodec(), EpisodeSettings("propose_solve", max_new_tokens=24),
+                                            episode_id="e-0", seed=3, learner="main"))
+    assert [r[Columns.ROLE] for r in rows] == ["proposer", "solver", "solver"] and not rows[0][Columns.INVALID_ACTION]
+    assert {r[Columns.MATCHUP] for r in rows} == {"main,main,main/a*b"}
 
 
 def test_a_witness_of_another_form_or_numbers_not_dealt_or_an_out_of_range_value_is_a_forfeit():
