@@ -44,7 +44,9 @@ from pathlib import Path
 # configs/recipe/propose_solve.yaml, and a base model warmed up on the recipe's form with a task buffer of its own:
 # the run's proposer prompts show stored tasks, and one warmed up on prompts without them wrote valid expressions of
 # the drawn form 4% of the time when they were there (85% without; benchmarks/RESULTS.md, "Role self-play")
-WARMUP_ARGS = "{solvers:4,buffer:warmup,deal_numbers:true,witness:typed,forms:['copy','a+b','a-b','a*b']}"
+FORMS = ("copy", "a+b", "a-b", "a*b")  # configs/env/propose_solve.yaml's forms: what the recipe's typed witness draws
+WARMUP_ARGS = ("{solvers:4,buffer:warmup,deal_numbers:true,witness:typed,forms:["
+               + ",".join(f"'{form}'" for form in FORMS) + "]}")
 RECIPE = ["+recipe=propose_solve", "model.tiny.warmup_env=propose_solve", f"++model.tiny.warmup_env_args={WARMUP_ARGS}",
           "model.tiny.warmup_expert_share=0.3", "run.progress=false"]
 
@@ -83,7 +85,7 @@ def answers(model_dir: Path, tasks: list):
         yield numbers, target, answer, bool(not result.invalid and result.info.get("correct"))
 
 
-def proposal_validity(model_dir: Path, episodes: int = 120, forms=("copy", "a+b", "a-b", "a*b")) -> str:
+def proposal_validity(model_dir: Path, episodes: int = 120, forms=FORMS) -> str:
     """The proposer of the model at ``model_dir`` (the recipe's typed witness), sampled at temperature 1 on
     ``episodes`` dealt deals: its valid share by form drawn, with no stored tasks in its prompt and with two (a
     run's proposer prompts show them once its buffer holds tasks)."""
