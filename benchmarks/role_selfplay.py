@@ -8,8 +8,8 @@ proposal and k = 4 solver attempts at it, GRPO over the attempts for the solver 
 proposer (`advantage=role_grpo`), Absolute Zero's learnability as the proposer's reward. The tiny base model is
 warmed up on the recipe (valid proposals, answers right and wrong). A real `tidal launch` for ``--minutes``.
 
-Before and after, the solver answers a held-out task set (made here with its own seed; a task the run proposed
-is left out) greedily, through the same prompt and checker as in the game: the solve rate of the base model
+Before and after, the solver answers a held-out task set (made here with its own seed; a task the run set its solvers,
+proposed or replayed, is left out: `seen_tasks`) greedily, through the same prompt and checker as in the game: the solve rate of the base model
 and of the trained policy. The proposals' solve rate over the last third of the run is read from the task
 buffer kept with the run (its tasks in the order first proposed), and the share of valid proposals over the
 last third from the proposer's turns in the metrics. Last line:
@@ -36,6 +36,7 @@ import argparse
 import json
 import logging
 import random
+import re
 import sys
 from collections import Counter
 from fractions import Fraction
@@ -45,10 +46,28 @@ from pathlib import Path
 # the run's proposer prompts show stored tasks, and one warmed up on prompts without them wrote valid expressions of
 # the drawn form 4% of the time when they were there (85% without; benchmarks/RESULTS.md, "Role self-play")
 FORMS = ("copy", "a+b", "a-b", "a*b")  # configs/env/propose_solve.yaml's forms: what the recipe's typed witness draws
-WARMUP_ARGS = ("{solvers:4,buffer:warmup,deal_numbers:true,witness:typed,forms:["
-               + ",".join(f"'{form}'" for form in FORMS) + "]}")
-RECIPE = ["+recipe=propose_solve", "model.tiny.warmup_env=propose_solve", f"++model.tiny.warmup_env_args={WARMUP_ARGS}",
-          "model.tiny.warmup_expert_share=0.3", "run.progress=false"]
+SOLVER_TASK = re.compile(r"Numbers: ([\d ]+)\. Target: (\d+)\.")  # a solver's prompt (ProposeSolve.observation)
+
+
+def recipe(reserved: Path) -> list[str]:
+    """The run's overrides; ``reserved``, the held-out tasks' file, kept out of the run and of its warm-up."""
+    warmup = ("{solvers:4,buffer:warmup,deal_numbers:true,witness:typed,forms:[" + ",".join(f"'{f}'" for f in FORMS)
+              + f"],reserved:'{reserved}'}}")
+    return ["+recipe=propose_solve", "model.tiny.warmup_env=propose_solve", f"++model.tiny.warmup_env_args={warmup}",
+            "model.tiny.warmup_expert_share=0.3", "run.progress=false", f"++env.args.env_args.reserved='{reserved}'"]
+
+
+def reserve(tasks: list, out: Path) -> Path:
+    """``tasks`` as a task buffer file under ``out`` (an absolute path: the env actors and the warm-up read it)."""
+    from envs.task_buffer import TaskBuffer
+
+    buffer = TaskBuffer(capacity=len(tasks))
+    for numbers, target in tasks:
+        buffer.record(numbers, target)
+    path = out.resolve() / f"heldout-{len(tasks)}.arrows"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer.save(path)
+    return path
 
 
 def heldout_tasks(count: int, seed: int = 20261126) -> list[tuple[tuple[int, ...], int]]:
@@ -187,6 +206,29 @@ def breakdown(run_dir: Path) -> str:
     return f"{kinds} target 1: {ones:.2f}"
 
 
+def seen_tasks(run_dir: Path) -> set[tuple[tuple[int, ...], int]]:
+    """Every task the run's solvers were set: those of the episodes its learner took in (the run's episode dataset,
+    ``run.dataset``: a solver's prompt names its task) and those its task buffer kept. The held-out score leaves
+    these out: the buffer alone keeps only its last ``buffer_capacity`` tasks, and a task it pushed out early may
+    still have been learned by heart."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    if not (run_dir / "episodes").is_dir():
+        raise FileNotFoundError(f"{run_dir / 'episodes'} is missing: the held-out filter reads every task the run set "
+                                "from its episode dataset (run.dataset=true)")
+    prompts = ds.dataset(run_dir / "episodes", format="parquet").to_table(
+        columns=["prompt_text"], filter=pc.field("role") == "solver").column("prompt_text").to_pylist()
+    seen = {task for task in map(solver_task, prompts) if task is not None}
+    return seen | {(tuple(sorted(t["numbers"])), t["target"]) for tasks in kept_tasks(run_dir) for t in tasks}
+
+
+def solver_task(prompt: str | None) -> tuple[tuple[int, ...], int] | None:
+    """The task a solver's prompt sets (``ProposeSolve.observation``), numbers sorted; None for another prompt."""
+    found = SOLVER_TASK.search(prompt or "")
+    return (tuple(sorted(map(int, found[1].split()))), int(found[2])) if found else None
+
+
 def kept_tasks(run_dir: Path) -> list[list[dict]]:
     """The tasks each env actor kept with the run (``tasks/<actor>.arrows``), each file's in the order first
     proposed."""
@@ -240,7 +282,9 @@ def main(argv: list[str]) -> int:
         minutes, count = 0.5, 40
         overrides = ["run.mode=local", "replay.args.batch_episodes=8", "env.args.concurrency=16",
                      "model.tiny.warmup_steps=30", "model.tiny.warmup_games=200", *overrides]
-    cfg = load_config([*RECIPE, f"run.minutes={minutes}", f"run.dir={args.out}", "run.name=propose-solve", *overrides])
+    reserved = reserve(heldout_tasks(count), Path(args.out))  # the run never sets a held-out task
+    cfg = load_config([*recipe(reserved), f"run.minutes={minutes}", f"run.dir={args.out}", "run.name=propose-solve",
+                       *overrides])
     base = ensure_base_model(cfg.model.cache_dir, tiny_model_config(cfg))
     if args.ceiling:
         tasks = heldout_tasks(count)
@@ -250,12 +294,15 @@ def main(argv: list[str]) -> int:
         return 0
     summary = launch(cfg)
     run_dir = Path(summary["run_dir"])
-    proposed = {(tuple(sorted(t["numbers"])), t["target"]) for tasks in kept_tasks(run_dir) for t in tasks}
-    tasks = [task for task in heldout_tasks(count) if task not in proposed]
+    seen = seen_tasks(run_dir)
+    tasks = [task for task in heldout_tasks(count) if task not in seen]
     start, final = solve_rate(base, tasks), solve_rate(run_dir / "policy", tasks)
     rate, valid = last_third(run_dir)
-    print(f"held-out tasks {len(tasks)} (of {count}; the rest were proposed in the run); versions "
+    print(f"held-out tasks {len(tasks)} (of {count}; the rest were set in the run); versions "
           f"{summary['final_version']}; run {summary['minutes']:.1f} min; {run_dir}")
+    if set_in_run := [task for task in heldout_tasks(count) if task in seen]:  # what was trained on, for contrast
+        print(f"the {len(set_in_run)} held-out tasks the run set its solvers (left out above): "
+              f"{solve_rate(base, set_in_run):.3f} -> {solve_rate(run_dir / 'policy', set_in_run):.3f}")
     print(f"kept proposals (solve rate): {breakdown(run_dir)}")
     show = lambda x: "nan" if x is None else f"{x:.3f}"  # noqa: E731
     print(f"solver_heldout_start={start:.3f} solver_heldout_final={final:.3f} solver_gain={final - start:.3f} "

@@ -1,50 +1,36 @@
 """Propose and solve (Absolute Zero, Zhao et al. 2025, on Countdown): one policy sets tasks and solves them.
 
-Seat 0 is the proposer, seats 1..k the solvers (``solvers``, default 4); ``roles`` names them, so the learner
-can baseline each role apart (``advantage: role_grpo``: GRPO over the k solvers' attempts, a running baseline
-for the proposer). The proposer moves first and writes a task ``[a b c -> t]``: 2 to 4 numbers in
-1..``max_number`` and a target in 1..``max_target`` that some of them reach with + - * / (each at most once).
-The game checks the claim exactly (``envs.countdown.reachable``). Then each solver answers once, alone: its
-prompt shows the task and nothing of the other solvers' answers; an answer is a Countdown expression
-(``[(3 * 4) + 5]``), checked exactly as ``envs.countdown`` does.
+Seat 0 is the proposer, seats 1..k the solvers (``solvers``, default 4); ``roles`` names them (train with
+``advantage: role_grpo``: GRPO over the k attempts, a running baseline for the proposer). The proposer writes a
+task ``[a b c -> t]``: 2 to 4 numbers in 1..``max_number`` and a target in 1..``max_target`` that they reach with
++ - * / (each at most once), checked exactly (``envs.countdown.reachable``). Each solver then answers alone, an
+expression such as ``[(3 * 4) + 5]``, seeing nothing of the others' answers.
 
-Rewards, all at the end: a solver 1 if its expression equals the target, else 0; the proposer the task's
-learnability, 1 - r when 0 < r < 1, else 0, where r is the share of solvers that solved it. A task all solve,
-or none, teaches nothing, and neither does one whose target is one of its numbers (``[3 4 5 -> 4]``: no
-arithmetic): it earns the proposer 0 whatever the solvers do (with ``copy_target="invalid"`` it is an invalid
-proposal, and the warm-up's legal proposals never copy). A task the buffer holds already earns ``repeat_reward``
-(default 0) times its learnability, so that the proposer does not settle on a few tasks the solvers learn by
-heart (benchmarks/RESULTS.md, "Role self-play", has what each of these rules was measured against).
+Rewards, at the end: a solver 1 if its expression equals the target, else 0; the proposer the task's
+learnability, 1 - r when 0 < r < 1, else 0 (r: the share of solvers right). A task whose target is one of its
+numbers needs no arithmetic and earns the proposer 0 (``copy_target="invalid"``: it is invalid); one the buffer
+holds already earns ``repeat_reward`` (default 0) of its learnability (benchmarks/RESULTS.md, "Role self-play").
 
-With ``deal_numbers`` the env deals the numbers (2 to 4 of them in 1..``max_number``, from the episode's seed,
-redealt until some target in range is reachable) and the proposer writes only a target they reach, ``[17]``:
-the proposer still sets the difficulty, through the target, but cannot narrow the tasks to a few sets of
-numbers. A repeat is then the deal's doing, so every task pays its full learnability (no ``repeat_reward``).
+``deal_numbers``: the env deals the numbers (from the episode's seed, redealt until some target in range is
+reachable) and the proposer writes a target, ``[17]``; repeats are then the deal's doing and pay in full.
+``witness`` (``envs.witness``, dealt numbers only): the proposer writes an expression of the dealt numbers,
+``[4 * 5]``, whose value is the target (Absolute Zero's executor): ``free``, any with an operation; ``typed``, of
+the form drawn evenly from ``forms``, which the prompt names and which is the episode's ``task_type``. Solvers
+see the numbers ascending. ``deal_tasks``: the env sets every task (numbers and a target drawn evenly from those
+they reach) and the proposer has no move: the recipe's control (``benchmarks/role_selfplay.py``).
+``balance_kinds``: a kind of task (``task_kind``) past a fair share of the buffer's recent proposals pays its
+learnability times that share over its own (``kind_balance``). ``reserved``: tasks the game never sets (a
+benchmark's held-out set): a dealt task is drawn again, and a proposal of one ends the episode, everyone at 0.
 
-With ``witness`` (``envs.witness``; dealt numbers only) the proposer writes an expression of some of the dealt
-numbers, ``[4 * 5]``, and the env computes its value, the target, as Absolute Zero's executor runs the proposer's
-program: ``free``, any expression with an operation; ``typed``, of the form the env drew from ``forms`` (evenly;
-the numbers are dealt until they allow it), which the prompt names and which is the episode's ``task_type``.
-The solvers see the numbers in ascending order, so that which ones the witness took does not show.
+Invalid moves follow ``envs.invalid``: an unreadable or out-of-range proposal, or one claiming an unreachable
+target, is invalid, as is an unreadable answer. With no retries left the proposer's forfeit ends the episode
+(``invalid_penalty`` to it, nobody else moves); a solver's costs that solver the penalty and counts as unsolved,
+and the next answers (``forfeit_turn``).
 
-With ``deal_tasks`` the env sets every task itself (2 to 4 numbers and a target drawn evenly from those they
-reach, all from the episode's seed) and the proposer has no move (reward 0): the solvers alone, on tasks of no
-one's choosing. It is the recipe's control: what the solver learns without a proposer, against which a
-proposer's curriculum can be measured (``benchmarks/role_selfplay.py``).
-
-With ``balance_kinds`` a kind of task (``task_kind``) past a fair share (one in four of the kinds that pay) of
-the buffer's recent proposals pays its learnability times that fair share over its own (``kind_balance``).
-
-Invalid moves follow ``envs.invalid``: a proposal that cannot be read, is out of range or claims an
-unreachable target (from its own numbers or the dealt ones) is invalid, and so is a solver's answer that cannot
-be read. With no retries left the proposer's forfeit ends the episode (the proposer gets ``invalid_penalty``,
-nobody else moves); a solver's forfeit costs that solver ``invalid_penalty`` and counts as unsolved, and the next
-solver answers (``forfeit_turn``). ``configs/env/propose_solve.yaml`` sets ``invalid_penalty: -0.5``.
-
-With a ``buffer`` (``envs.task_buffer``), each finished episode records its task's solve rate there; the
-proposer's prompt shows ``references`` stored tasks as examples; and with probability ``buffer_share`` an
-episode replays a stored task: the solvers answer it and the proposer has no turn (reward 0). ``build``, the
-registry's factory, gives every game of a process the shared buffer ``buffer`` names (``buffer=None``: none).
+With a ``buffer`` (``envs.task_buffer``) each finished episode records its task's solve rate; the proposer's
+prompt shows ``references`` stored tasks; with probability ``buffer_share`` an episode replays a stored task (the
+solvers answer, the proposer has no turn and 0). ``build``, the registry's factory, gives every game of a process
+the shared buffer ``buffer`` names (None: none).
 """
 
 from __future__ import annotations
@@ -56,7 +42,7 @@ from fractions import Fraction
 from envs.actions import bracket, first_move, read_int
 from envs.base import StepResult
 from envs.countdown import evaluate, numbers_used, parse_expression, reachable
-from envs.task_buffer import TaskBuffer, shared_buffer
+from envs.task_buffer import TaskBuffer, reserved_tasks, shared_buffer
 from envs.witness import DRAWN, FORMS, OPERATIONS, SHOWN, form_of, witnesses
 
 MIN_NUMBERS, MAX_NUMBERS = 2, 4
@@ -117,7 +103,8 @@ class ProposeSolve:
                  buffer: TaskBuffer | None = None, buffer_share: float = 0.25, references: int = 2,
                  max_new_tokens: int | None = None, repeat_reward: float = 0.0,
                  deal_numbers: bool = False, copy_target: str = "unpaid", balance_kinds: bool = False,
-                 deal_tasks: bool = False, witness: str = "none", forms: tuple[str, ...] | list[str] = DRAWN):
+                 deal_tasks: bool = False, witness: str = "none", forms: tuple[str, ...] | list[str] = DRAWN,
+                 reserved=frozenset()):
         if not 1 <= solvers <= MAX_SOLVERS:
             raise ValueError(f"solvers must be 1 to {MAX_SOLVERS}, not {solvers}")
         if not 1 <= max_number <= 1000 or not 1 <= max_target <= 10**6:
@@ -151,6 +138,7 @@ class ProposeSolve:
         self.buffer, self.buffer_share, self.references = buffer, buffer_share, references
         self.repeat_reward, self.deal_numbers, self.copy_target = repeat_reward, deal_numbers, copy_target
         self.balance_kinds, self.deal_tasks, self.witness, self.forms = balance_kinds, deal_tasks, witness, forms
+        self.reserved = frozenset((tuple(sorted(numbers)), target) for numbers, target in reserved)
         self.num_players = solvers + 1
         self.roles = ["proposer"] + ["solver"] * solvers
         self.max_tokens = max_new_tokens  # each turn's generation budget (None: the env actor's)
@@ -174,9 +162,11 @@ class ProposeSolve:
             task = self.buffer.sample(1, rng)[0]
             self.numbers, self.target = tuple(rng.sample(task.numbers, len(task.numbers))), task.target
         elif self.deal_tasks:  # the env's task, from the seed alone: numbers and a target drawn evenly from theirs
-            task_rng = random.Random(self._example_seed)
-            self.numbers = self._deal(task_rng)
-            self.target = task_rng.choice(self._targets(self.numbers))
+            task_rng, targets = random.Random(self._example_seed), []
+            while not targets:  # a reserved task is never dealt (nor are numbers all of whose targets are)
+                self.numbers = self._deal(task_rng)
+                targets = [t for t in self._targets(self.numbers) if (tuple(sorted(self.numbers)), t) not in self.reserved]
+            self.target = task_rng.choice(targets)
             self.kind = task_kind(self.numbers, self.target)
         self.turn = 0 if self.numbers is None else 1
         # the numbers dealt to the proposer, and the form asked of its expression: a function of the seed alone
@@ -350,6 +340,9 @@ class ProposeSolve:
             return self._invalid(f"{target} cannot be reached from {' '.join(map(str, numbers))}")
         if self.copy_target == "invalid" and target in numbers:
             return self._invalid(f"{target} is one of the numbers: a task must need arithmetic")
+        if (tuple(sorted(numbers)), target) in self.reserved:  # valid, but never set: the episode ends, all get 0
+            self.done = True
+            return StepResult([0.0] * self.num_players, terminated=True, info={"reserved": True})
         self.numbers, self.target, self.turn = numbers, target, 1
         self.novel = self.buffer is None or self.buffer.get(numbers, target) is None
         self.kind = task_kind(numbers, target)
@@ -391,9 +384,11 @@ class ProposeSolve:
                                 "novel": self.novel, "trivial": trivial})
 
 
-def build(buffer: str | TaskBuffer | None = "propose_solve", buffer_capacity: int = 1024, **kwargs) -> ProposeSolve:
+def build(buffer: str | TaskBuffer | None = "propose_solve", buffer_capacity: int = 1024, reserved: str | None = None,
+          **kwargs) -> ProposeSolve:
     """The registry's factory: ``buffer`` names the process's shared buffer (``envs.task_buffer.shared_buffer``,
-    so every game an env actor makes shares one), or is a TaskBuffer, or None for no buffer."""
+    so every game an env actor makes shares one), or is a TaskBuffer, or None for no buffer; ``reserved`` is the
+    path of a task buffer file whose tasks the game never sets (``envs.task_buffer.reserved_tasks``)."""
     if isinstance(buffer, str):
         buffer = shared_buffer(buffer, buffer_capacity)
-    return ProposeSolve(buffer=buffer, **kwargs)
+    return ProposeSolve(buffer=buffer, reserved=reserved_tasks(reserved) if reserved else (), **kwargs)

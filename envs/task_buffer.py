@@ -17,6 +17,7 @@ episode slot, and the games of one env actor share their buffer through it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -153,6 +154,18 @@ class TaskBuffer:
         if problems:
             log.warning("%s: skipped %d rows that hold no task (first: %s)", path, len(problems), problems[0])
         return {"loaded": loaded, "skipped": len(problems)}
+
+
+@functools.lru_cache(maxsize=8)
+def reserved_tasks(path: str) -> frozenset[tuple[tuple[int, ...], int]]:
+    """The tasks of a task buffer file as (numbers sorted, target): tasks a game must never set (a benchmark's
+    held-out set). Every row must hold a task: one skipped would be a held-out task let into the run."""
+    table, tasks = read_table(os.fspath(path)), set()
+    for numbers, target in zip(table.column("numbers").to_pylist(), table.column("target").to_pylist()):
+        if problem := task_problem(numbers, target):
+            raise ValueError(f"{path}: a reserved task must be a task: {problem}")
+        tasks.add((tuple(sorted(numbers)), target))
+    return frozenset(tasks)
 
 
 def read_table(path: str) -> pa.Table:

@@ -586,3 +586,79 @@ def test_free_witnesses_are_dealt_numbers_that_allow_some_operation_even_with_a_
         g.reset(seed)
         move = g.legal_actions()[0]
         assert form_of(parse_expression(move[1:-1])) != "copy" and not g.step(move).invalid
+
+
+def test_the_benchmarks_held_out_filter_sees_every_task_set_in_the_run_not_only_the_buffers(tmp_path):
+    """``seen_tasks``: a task the buffer pushed out early still counts as set (it is in the episode dataset), read
+    back from the solvers' prompts as the game writes them; a run without its dataset is refused by name."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.role_selfplay import heldout_tasks, seen_tasks, solver_task
+    from envs.task_buffer import TaskBuffer
+
+    held = heldout_tasks(4)
+    with pytest.raises(FileNotFoundError, match="run.dataset=true"):
+        seen_tasks(tmp_path)
+    prompts, roles = [], []
+    for numbers, target in held[:3]:  # the solvers' prompts of three tasks, and a proposer's that names no task
+        g = ProposeSolve(solvers=2, buffer=None)
+        g.reset(0)
+        g.numbers, g.target, g.turn = tuple(reversed(numbers)), target, 1  # as a run's solvers see it
+        prompts += [g.observation(1), g.observation(0)]
+        roles += ["solver", "proposer"]
+    (tmp_path / "episodes" / "life" / "main").mkdir(parents=True)
+    pq.write_table(pa.table({"role": roles, "prompt_text": prompts}), tmp_path / "episodes" / "life" / "main" / "b.parquet")
+    buffer = TaskBuffer(capacity=1)  # the buffer kept the last task only
+    for numbers, target in held[2:]:
+        buffer.record(numbers, target, 0.5)
+    (tmp_path / "tasks").mkdir()
+    buffer.save(tmp_path / "tasks" / "env-0.arrows")
+    assert seen_tasks(tmp_path) == set(held) and solver_task(prompts[1]) is None
+
+
+def test_a_reserved_task_is_never_dealt_and_a_proposal_of_one_ends_the_episode_unplayed(tmp_path):
+    """``reserved`` (a benchmark's held-out set): dealt tasks avoid it; a typed proposal that lands on one is valid
+    but never set (no solver answers, everyone 0, not stored); the file is read through ``make`` as a config names it."""
+    from envs.task_buffer import TaskBuffer
+
+    dealt = {}
+    for seed in range(60):
+        g = game(deal_tasks=True, solvers=2)
+        g.reset(seed)
+        dealt[seed] = (tuple(sorted(g.numbers)), g.target)
+    stored = TaskBuffer(capacity=100)
+    for numbers, target in dealt.values():
+        stored.record(numbers, target)
+    stored.save(tmp_path / "heldout.arrows")
+    for seed in range(60):
+        g = game(deal_tasks=True, solvers=2, reserved=str(tmp_path / "heldout.arrows"))
+        g.reset(seed)
+        assert (tuple(sorted(g.numbers)), g.target) not in set(dealt.values())
+    buffer = TaskBuffer(capacity=8)
+    g = ProposeSolve(buffer=buffer, buffer_share=0.0, deal_numbers=True, witness="typed", forms=["a+b"], solvers=2)
+    g.reset(3)
+    move = g.legal_actions()[0]
+    g.step(move)
+    task = (tuple(sorted(g.numbers)), g.target)
+    held = ProposeSolve(buffer=buffer, buffer_share=0.0, deal_numbers=True, witness="typed", forms=["a+b"], solvers=2,
+                        reserved=[task])
+    held.reset(3)
+    result = held.step(move)
+    assert result.terminated and not result.invalid and result.rewards == [0.0, 0.0, 0.0] and result.info["reserved"]
+    assert held.done and buffer.get(*task) is None  # the solvers never saw it, and the buffer never held it
+
+
+def test_a_reserved_tasks_file_that_holds_a_non_task_is_refused_by_name(tmp_path):
+    import pyarrow as pa
+
+    from envs.task_buffer import SCHEMA, reserved_tasks
+
+    path = tmp_path / "bad.arrows"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+        writer.write_table(pa.table({"numbers": [[1, 2], [3]], "target": [3, 9], "solve_rates": [[], []]}, schema=SCHEMA))
+    with pytest.raises(ValueError, match="a reserved task must be a task"):
+        reserved_tasks(str(path))
+    (tmp_path / "text.arrows").write_text("1 2 -> 3")
+    with pytest.raises(ValueError, match="is not a task buffer file"):
+        reserved_tasks(str(tmp_path / "text.arrows"))
