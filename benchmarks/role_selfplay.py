@@ -8,9 +8,9 @@ proposal and k = 4 solver attempts at it, GRPO over the attempts for the solver 
 proposer (`advantage=role_grpo`), Absolute Zero's learnability as the proposer's reward. The tiny base model is
 warmed up on the recipe (valid proposals, answers right and wrong). A real `tidal launch` for ``--minutes``.
 
-Before and after, the solver answers a held-out task set (made here with its own seed; a task the run set its solvers,
-proposed or replayed, is left out: `seen_tasks`) greedily, through the same prompt and checker as in the game: the solve rate of the base model
-and of the trained policy. The proposals' solve rate over the last third of the run is read from the task
+Before and after, the solver answers a held-out task set (made here with its own seed and reserved: the run and
+its warm-up never set these tasks; any task the run set all the same is left out, `seen_tasks`) greedily, through
+the same prompt and checker as in the game: the solve rate of the base model and of the trained policy. The proposals' solve rate over the last third of the run is read from the task
 buffer kept with the run (its tasks in the order first proposed), and the share of valid proposals over the
 last third from the proposer's turns in the metrics. Last line:
 
