@@ -10,9 +10,10 @@ warmed up on the recipe (valid proposals, answers right and wrong). A real `tida
 
 Before and after, the solver answers a held-out task set (made here with its own seed and reserved: the run and
 its warm-up never set these tasks; any task the run set all the same is left out, `seen_tasks`) greedily, through
-the same prompt and checker as in the game: the solve rate of the base model and of the trained policy. The proposals' solve rate over the last third of the run is read from the task
-buffer kept with the run (its tasks in the order first proposed), and the share of valid proposals over the
-last third from the proposer's turns in the metrics. Last line:
+the same prompt and checker as in the game: the solve rate of the base model and of the trained policy. The
+proposals' solve rate over the last third of the run is read from the task buffer kept with the run (its tasks in
+the order first proposed), and the share of valid proposals over the last third from the proposer's turns in the
+metrics. Last line:
 
     solver_heldout_start=<x> solver_heldout_final=<x> solver_gain=<final - start>
     proposal_solve_rate_last_third=<x> valid_proposals=<x>

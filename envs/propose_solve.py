@@ -162,11 +162,7 @@ class ProposeSolve:
             task = self.buffer.sample(1, rng)[0]
             self.numbers, self.target = tuple(rng.sample(task.numbers, len(task.numbers))), task.target
         elif self.deal_tasks:  # the env's task, from the seed alone: numbers and a target drawn evenly from theirs
-            task_rng, targets = random.Random(self._example_seed), []
-            while not targets:  # a reserved task is never dealt (nor are numbers all of whose targets are)
-                self.numbers = self._deal(task_rng)
-                targets = [t for t in self._targets(self.numbers) if (tuple(sorted(self.numbers)), t) not in self.reserved]
-            self.target = task_rng.choice(targets)
+            self.numbers, self.target = self._deal_task(random.Random(self._example_seed))
             self.kind = task_kind(self.numbers, self.target)
         self.turn = 0 if self.numbers is None else 1
         # the numbers dealt to the proposer, and the form asked of its expression: a function of the seed alone
@@ -182,6 +178,13 @@ class ProposeSolve:
                 return numbers
         raise ValueError(f"deal_numbers: {MAX_DEALS} deals of numbers from 1 to {self.max_number} reached no target "
                          f"from 1 to {self.max_target}; widen max_target")
+
+    def _deal_task(self, rng: random.Random) -> tuple[tuple[int, ...], int]:
+        for _ in range(MAX_DEALS):  # numbers, and a target of theirs that is no reserved task
+            numbers = self._deal(rng)
+            if targets := [t for t in self._targets(numbers) if (tuple(sorted(numbers)), t) not in self.reserved]:
+                return numbers, rng.choice(targets)
+        raise ValueError(f"deal_tasks: {MAX_DEALS} deals of numbers reached only reserved targets")
 
     def _witnessed(self, numbers) -> bool:
         """Can a witness be written for ``numbers``: one of the form asked (typed), of some operation (free)?"""

@@ -607,8 +607,9 @@ def test_the_benchmarks_held_out_filter_sees_every_task_set_in_the_run_not_only_
         g.numbers, g.target, g.turn = tuple(reversed(numbers)), target, 1  # as a run's solvers see it
         prompts += [g.observation(1), g.observation(0)]
         roles += ["solver", "proposer"]
-    (tmp_path / "episodes" / "life" / "main").mkdir(parents=True)
-    pq.write_table(pa.table({"role": roles, "prompt_text": prompts}), tmp_path / "episodes" / "life" / "main" / "b.parquet")
+    batches = tmp_path / "episodes" / "life" / "main"
+    batches.mkdir(parents=True)
+    pq.write_table(pa.table({"role": roles, "prompt_text": prompts}), batches / "b.parquet")
     buffer = TaskBuffer(capacity=1)  # the buffer kept the last task only
     for numbers, target in held[2:]:
         buffer.record(numbers, target, 0.5)
@@ -619,7 +620,7 @@ def test_the_benchmarks_held_out_filter_sees_every_task_set_in_the_run_not_only_
 
 def test_a_reserved_task_is_never_dealt_and_a_proposal_of_one_ends_the_episode_unplayed(tmp_path):
     """``reserved`` (a benchmark's held-out set): dealt tasks avoid it; a typed proposal that lands on one is valid
-    but never set (no solver answers, everyone 0, not stored); the file is read through ``make`` as a config names it."""
+    but never set (no solver answers, everyone 0, not stored); ``make`` reads the file a config names."""
     from envs.task_buffer import TaskBuffer
 
     dealt = {}
@@ -647,6 +648,9 @@ def test_a_reserved_task_is_never_dealt_and_a_proposal_of_one_ends_the_episode_u
     result = held.step(move)
     assert result.terminated and not result.invalid and result.rewards == [0.0, 0.0, 0.0] and result.info["reserved"]
     assert held.done and buffer.get(*task) is None  # the solvers never saw it, and the buffer never held it
+    every = [((1,) * n, t) for n in (2, 3, 4) for t in range(1, 5)]  # all the tasks of ones up to 4
+    with pytest.raises(ValueError, match="reached only reserved targets"):
+        ProposeSolve(deal_tasks=True, max_number=1, max_target=4, buffer=None, reserved=every)
 
 
 def test_a_reserved_tasks_file_that_holds_a_non_task_is_refused_by_name(tmp_path):
@@ -656,7 +660,8 @@ def test_a_reserved_tasks_file_that_holds_a_non_task_is_refused_by_name(tmp_path
 
     path = tmp_path / "bad.arrows"
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
-        writer.write_table(pa.table({"numbers": [[1, 2], [3]], "target": [3, 9], "solve_rates": [[], []]}, schema=SCHEMA))
+        rows = {"numbers": [[1, 2], [3]], "target": [3, 9], "solve_rates": [[], []]}  # [3 -> 9] is no task
+        writer.write_table(pa.table(rows, schema=SCHEMA))
     with pytest.raises(ValueError, match="a reserved task must be a task"):
         reserved_tasks(str(path))
     (tmp_path / "text.arrows").write_text("1 2 -> 3")
