@@ -177,13 +177,14 @@ def expert_ceiling(base: Path, steps: int, exclude: set, out: Path, pairs: int =
 
     from actors.engines.base_model import TinyModelConfig, load_policy, warm_up
     from envs.propose_solve import ProposeSolve
+    from envs.task_buffer import task_key
 
     model, tokenizer = load_policy(base)
     game, rng, shown = ProposeSolve(solvers=1, deal_numbers=True), random.Random(1), []
     while len(shown) < pairs:
         game.reset(rng.randrange(2**31))
         game.step(game.legal_actions()[0])
-        if (tuple(sorted(game.numbers)), game.target) not in exclude:
+        if task_key(game.numbers, game.target) not in exclude:
             shown.append((game.observation(1), game.expert_action()))
     warm_up(model, tokenizer, shown, dataclasses.replace(TinyModelConfig(), warmup_steps=steps))
     model.save_pretrained(out)
@@ -215,19 +216,23 @@ def seen_tasks(run_dir: Path) -> set[tuple[tuple[int, ...], int]]:
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
+    from envs.task_buffer import task_key
+
     if not (run_dir / "episodes").is_dir():
         raise FileNotFoundError(f"{run_dir / 'episodes'} is missing: the held-out filter reads every task the run set "
                                 "from its episode dataset (run.dataset=true)")
     prompts = ds.dataset(run_dir / "episodes", format="parquet").to_table(
         columns=["prompt_text"], filter=pc.field("role") == "solver").column("prompt_text").to_pylist()
     seen = {task for task in map(solver_task, prompts) if task is not None}
-    return seen | {(tuple(sorted(t["numbers"])), t["target"]) for tasks in kept_tasks(run_dir) for t in tasks}
+    return seen | {task_key(t["numbers"], t["target"]) for tasks in kept_tasks(run_dir) for t in tasks}
 
 
 def solver_task(prompt: str | None) -> tuple[tuple[int, ...], int] | None:
     """The task a solver's prompt sets (``ProposeSolve.observation``), numbers sorted; None for another prompt."""
+    from envs.task_buffer import task_key
+
     found = SOLVER_TASK.search(prompt or "")
-    return (tuple(sorted(map(int, found[1].split()))), int(found[2])) if found else None
+    return task_key(map(int, found[1].split()), int(found[2])) if found else None
 
 
 def kept_tasks(run_dir: Path) -> list[list[dict]]:
@@ -283,12 +288,13 @@ def main(argv: list[str]) -> int:
         minutes, count = 0.5, 40
         overrides = ["run.mode=local", "replay.args.batch_episodes=8", "env.args.concurrency=16",
                      "model.tiny.warmup_steps=30", "model.tiny.warmup_games=200", *overrides]
-    reserved = reserve(heldout_tasks(count), Path(args.out))  # the run never sets a held-out task
+    heldout = heldout_tasks(count)
+    reserved = reserve(heldout, Path(args.out))  # the run never sets a held-out task
     cfg = load_config([*recipe(reserved), f"run.minutes={minutes}", f"run.dir={args.out}", "run.name=propose-solve",
                        *overrides])
     base = ensure_base_model(cfg.model.cache_dir, tiny_model_config(cfg))
     if args.ceiling:
-        tasks = heldout_tasks(count)
+        tasks = heldout
         expert = expert_ceiling(base, args.ceiling, set(tasks), Path(args.out) / f"expert-sft-{args.ceiling}")
         print(f"expert_sft_steps={args.ceiling} heldout_start={solve_rate(base, tasks):.3f} "
               f"heldout_expert={solve_rate(expert, tasks):.3f}")
@@ -296,12 +302,12 @@ def main(argv: list[str]) -> int:
     summary = launch(cfg)
     run_dir = Path(summary["run_dir"])
     seen = seen_tasks(run_dir)
-    tasks = [task for task in heldout_tasks(count) if task not in seen]
+    tasks = [task for task in heldout if task not in seen]
     start, final = solve_rate(base, tasks), solve_rate(run_dir / "policy", tasks)
     rate, valid = last_third(run_dir)
     print(f"held-out tasks {len(tasks)} (of {count}; the rest were set in the run); versions "
           f"{summary['final_version']}; run {summary['minutes']:.1f} min; {run_dir}")
-    if set_in_run := [task for task in heldout_tasks(count) if task in seen]:  # what was trained on, for contrast
+    if set_in_run := [task for task in heldout if task in seen]:  # what was trained on, for contrast
         print(f"the {len(set_in_run)} held-out tasks the run set its solvers (left out above): "
               f"{solve_rate(base, set_in_run):.3f} -> {solve_rate(run_dir / 'policy', set_in_run):.3f}")
     print(f"kept proposals (solve rate): {breakdown(run_dir)}")

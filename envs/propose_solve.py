@@ -42,7 +42,7 @@ from fractions import Fraction
 from envs.actions import bracket, first_move, read_int
 from envs.base import StepResult
 from envs.countdown import evaluate, numbers_used, parse_expression, reachable
-from envs.task_buffer import TaskBuffer, reserved_tasks, shared_buffer
+from envs.task_buffer import TaskBuffer, reserved_tasks, shared_buffer, task_key
 from envs.witness import DRAWN, FORMS, OPERATIONS, SHOWN, form_of, witnesses
 
 MIN_NUMBERS, MAX_NUMBERS = 2, 4
@@ -138,7 +138,7 @@ class ProposeSolve:
         self.buffer, self.buffer_share, self.references = buffer, buffer_share, references
         self.repeat_reward, self.deal_numbers, self.copy_target = repeat_reward, deal_numbers, copy_target
         self.balance_kinds, self.deal_tasks, self.witness, self.forms = balance_kinds, deal_tasks, witness, forms
-        self.reserved = frozenset((tuple(sorted(numbers)), target) for numbers, target in reserved)
+        self.reserved = frozenset(task_key(numbers, target) for numbers, target in reserved)
         self.num_players = solvers + 1
         self.roles = ["proposer"] + ["solver"] * solvers
         self.max_tokens = max_new_tokens  # each turn's generation budget (None: the env actor's)
@@ -182,7 +182,7 @@ class ProposeSolve:
     def _deal_task(self, rng: random.Random) -> tuple[tuple[int, ...], int]:
         for _ in range(MAX_DEALS):  # numbers, and a target of theirs that is no reserved task
             numbers = self._deal(rng)
-            if targets := [t for t in self._targets(numbers) if (tuple(sorted(numbers)), t) not in self.reserved]:
+            if targets := [t for t in self._targets(numbers) if task_key(numbers, t) not in self.reserved]:
                 return numbers, rng.choice(targets)
         raise ValueError(f"deal_tasks: {MAX_DEALS} deals of numbers reached only reserved targets")
 
@@ -343,7 +343,7 @@ class ProposeSolve:
             return self._invalid(f"{target} cannot be reached from {' '.join(map(str, numbers))}")
         if self.copy_target == "invalid" and target in numbers:
             return self._invalid(f"{target} is one of the numbers: a task must need arithmetic")
-        if (tuple(sorted(numbers)), target) in self.reserved:  # valid, but never set: the episode ends, all get 0
+        if task_key(numbers, target) in self.reserved:  # valid, but never set: the episode ends, all get 0
             self.done = True
             return StepResult([0.0] * self.num_players, terminated=True, info={"reserved": True})
         self.numbers, self.target, self.turn = numbers, target, 1

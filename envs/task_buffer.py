@@ -83,14 +83,14 @@ class TaskBuffer:
         return list(self._tasks.values())
 
     def get(self, numbers, target: int) -> Task | None:
-        return self._tasks.get((tuple(sorted(numbers)), target))
+        return self._tasks.get(task_key(numbers, target))
 
     def record(self, numbers, target: int, solve_rate: float | None = None) -> Task:
         """Keep the task (once: the same numbers in any order and the same target are one task), and a solve rate
         of it when given. A new task past ``capacity`` pushes the oldest out."""
         if solve_rate is not None and not (isinstance(solve_rate, (int, float)) and 0.0 <= solve_rate <= 1.0):
             raise ValueError(f"a solve rate lies in [0, 1], not {solve_rate!r}")
-        key = (tuple(sorted(numbers)), target)
+        key = task_key(numbers, target)
         task = self._tasks.get(key)
         if task is None:
             task = self._tasks[key] = Task(*key)
@@ -156,6 +156,11 @@ class TaskBuffer:
         return {"loaded": loaded, "skipped": len(problems)}
 
 
+def task_key(numbers, target: int) -> tuple[tuple[int, ...], int]:
+    """A task as one key: its numbers as a multiset (sorted) and its target."""
+    return tuple(sorted(numbers)), target
+
+
 @functools.lru_cache(maxsize=8)
 def reserved_tasks(path: str) -> frozenset[tuple[tuple[int, ...], int]]:
     """The tasks of a task buffer file as (numbers sorted, target): tasks a game must never set (a benchmark's
@@ -164,7 +169,7 @@ def reserved_tasks(path: str) -> frozenset[tuple[tuple[int, ...], int]]:
     for numbers, target in zip(table.column("numbers").to_pylist(), table.column("target").to_pylist()):
         if problem := task_problem(numbers, target):
             raise ValueError(f"{path}: a reserved task must be a task: {problem}")
-        tasks.add((tuple(sorted(numbers)), target))
+        tasks.add(task_key(numbers, target))
     return frozenset(tasks)
 
 
