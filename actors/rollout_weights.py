@@ -8,8 +8,10 @@ new life's weights, and so does a batch under way (``hf``, between two decoding 
 with the dead learner's weights after its successor announced itself. (``vllm``: requests in flight go on until
 the new life's weights are loaded, which aborts and resumes them; a new request waits.)
 
-Weights from a learner that announces no life (life None) are ordered by version alone; so are the base model's
-weights the actor starts with (version 0, life None), which no life's announcement makes dead.
+A manifest heard before any announcement is skipped: its announcement went by before the subscription reached the
+learner, so its life is unknown (taken as no life, a later restart to a lower version would not replace it). The
+learner announces again, with the latest manifest, every ``announce_every_s``. The base model's weights the actor
+starts with (version 0, life None) are ordered by version alone, and no life's announcement makes them dead.
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ class RolloutWeights:
                 self._life_announced(message.life)
                 continue
             life = self._live_life  # the life announced just before this manifest
+            if life is None:  # its announcement was missed: the learner says both again
+                self._stats["manifests_before_a_life"] += 1
+                continue
             if not self._wanted(life, message.version):
                 continue
             data = await self._follower.fetch(message)  # from shared memory, or in chunks; checked

@@ -75,4 +75,7 @@ class WandbLog(RowWriter):
             self._pending = {}
 
     def close(self) -> None:
+        """Finish the W&B run and stop W&B's service process: ``finish`` returns before the service has written
+        the run's last records to its file; the stop waits for them, so the run's files are whole on return."""
         self.run.finish()
+        self._wandb.teardown()

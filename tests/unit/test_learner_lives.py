@@ -122,6 +122,30 @@ def test_a_rollout_follows_a_restarted_learner_down_to_its_older_checkpoint_and_
     assert (stats["life"], stats["learner_life"]) == (1, 1)
 
 
+def test_a_manifest_heard_before_any_announcement_is_skipped():
+    """A follower that subscribed between an announcement and its manifest hears the manifest first: its life is
+    unknown, so it is not taken (taken as no life, a restart to a lower version could never replace it). The
+    learner's next announcement and manifest are taken, as that life's."""
+    files, model = Files(), torch.nn.Linear(2, 2, bias=False)
+    actor = RolloutActor(RolloutConfig(model_path="unused"), name="rollout-t")
+
+    async def main():
+        actor._weights_arrived, actor._version_changed, actor._follower = trio.Event(), trio.Event(), files
+        send, heard = trio.open_memory_channel(8)  # the learner's feed as a late subscriber hears it
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(actor._follow_weights, heard)
+            await send.send(files.manifest(0, 12))
+            await trio.testing.wait_all_tasks_blocked()
+            assert actor._latest_weights is None and actor.statistics()["manifests_before_a_life"] == 1
+            await send.send(VersionAnnounced("main", 12, 0))
+            await send.send(files.manifest(0, 12))
+            await actor._catch_up(model, 12)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert (actor.version, actor.life, held(model)) == (12, 0, 12.0) and actor.statistics()["weights_applied"] == 1
+
+
 def test_the_next_batch_waits_for_the_new_lifes_weights():
     """``_catch_up`` (a batch about to be sampled) with a dead life's weights held waits for the live life's, even
     when the batch asks for no newer version, and never loads weights of a life that is not the live one."""
