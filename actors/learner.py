@@ -170,7 +170,7 @@ class LearnerActor:
             self._inbox = Inbox(batches, Kind.BATCH, decode_batch)
             self._weights = weights = WeightsPublisher(
                 self.name, self.cfg.policy_id, Outbox(publisher, Kind.WEIGHTS, self.name, topic=WEIGHTS_TOPIC + policy),
-                fetch_from=fetches.address)
+                fetch_from=fetches.address, life=self.cfg.life)
             versions_out = Outbox(publisher, Kind.VERSION, self.name, topic=VERSION_TOPIC + policy)
             fetch_inbox = Inbox(fetches, Kind.WEIGHTS_FETCH, WeightsFetch.from_body)
             self._streams = {"batches": self._inbox, "fetch": fetch_inbox, "publisher": versions_out}
@@ -226,7 +226,7 @@ class LearnerActor:
         """The weights of ``self.version`` to the rollout actors, and the version and life to whoever follows."""
         weights = await trio.to_thread.run_sync(lambda: weights_to_bytes(self.trainer.full_state()))
         self.control.published(self.version)
-        await versions_out.send(self._announcement())  # first: its manifest belongs to this life (LearnerFeed)
+        await versions_out.send(self._announcement())  # first: followers stop sampling a dead life's weights
         await self._weights.publish(self.version, weights)
 
     def _announcement(self) -> bytes:

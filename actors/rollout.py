@@ -107,7 +107,7 @@ class RolloutActor(RolloutWeights):
         self._weights_lock = threading.Lock()
         self._stats = {"requests": 0, "tokens": 0, "batches": 0, "generate_s": 0.0, "weights_applied": 0,
                        "weights_applied_mid_batch": 0, "version_waits": 0, "idle_s": 0.0,
-                       "refused_requests": 0, "lives_followed": 0, "manifests_before_a_life": 0}
+                       "refused_requests": 0, "lives_followed": 0}
         self._started_at = time.perf_counter()
         self._queue = None
         self._follower = None

@@ -1,17 +1,15 @@
 """The rollout actor's weights: following its learner's versions and lives, and taking them into the engine.
 
-The learner announces its version and its *life* (its starts in this life of the run) before each manifest
-(`streams.weights.LearnerFeed`). The actor holds weights of one (life, version): it takes a newer version of the
+The learner announces its version and its *life* (its starts in this life of the run) before each manifest, which
+names that life too (`streams.weights.LearnerFeed`): a manifest of a newer life announces it. The actor holds weights of one (life, version): it takes a newer version of the
 life it holds, and any version of a newer life, even a lower one (a learner restarted from an older checkpoint).
 Once a newer life is announced, the weights of the dead one are not sampled any more: a request waits for the
 new life's weights, and so does a batch under way (``hf``, between two decoding steps), so no token is sampled
 with the dead learner's weights after its successor announced itself. (``vllm``: requests in flight go on until
 the new life's weights are loaded, which aborts and resumes them; a new request waits.)
 
-A manifest heard before any announcement is skipped: its announcement went by before the subscription reached the
-learner, so its life is unknown (taken as no life, a later restart to a lower version would not replace it). The
-learner announces again, with the latest manifest, every ``announce_every_s``. The base model's weights the actor
-starts with (version 0, life None) are ordered by version alone, and no life's announcement makes them dead.
+The base model's weights the actor starts with (version 0, life None) are ordered by version alone, and no
+life's announcement makes them dead.
 """
 
 from __future__ import annotations
@@ -75,10 +73,8 @@ class RolloutWeights:
             if isinstance(message, VersionAnnounced):
                 self._life_announced(message.life)
                 continue
-            life = self._live_life  # the life announced just before this manifest
-            if life is None:  # its announcement was missed: the learner says both again
-                self._stats["manifests_before_a_life"] += 1
-                continue
+            life = message.life
+            self._life_announced(life)  # (a newer life's manifest announces it: its announcement may have been missed)
             if not self._wanted(life, message.version):
                 continue
             data = await self._follower.fetch(message)  # from shared memory, or in chunks; checked

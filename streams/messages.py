@@ -29,6 +29,8 @@ class WeightsManifest:
     The bytes are in the file ``path`` on the host ``host`` (shared memory: one write, many readers), and
     in chunks of ``chunk_bytes`` from the learner at ``fetch_from`` (``WeightsFetch``) for other hosts.
     ``chunk_crcs`` holds the CRC-32C of every chunk: a reader checks every byte, however it got them.
+    ``life``: the learner's life that trained it (`VersionAnnounced`), so a follower that missed the announcement
+    before it still tells a restarted learner's versions from its predecessor's.
     """
 
     policy_id: str
@@ -39,25 +41,28 @@ class WeightsManifest:
     host: str
     path: str
     fetch_from: str
+    life: int = 0
 
-    NAMES = ("policy", "version", "size", "chunk_bytes", "crcs", "host", "path", "fetch")
+    NAMES = ("policy", "version", "size", "chunk_bytes", "crcs", "host", "path", "fetch", "life")
     SHAPE = Shape(bin_len=2**20)  # 4 bytes a chunk: 256 Ki chunks, 2 TiB of weights in chunks of 8 MiB
 
     def to_body(self) -> bytes:
         crcs = np.asarray(self.chunk_crcs, dtype="<u4").tobytes()
         values = (self.policy_id, self.version, self.size, self.chunk_bytes, crcs, self.host, self.path,
-                  self.fetch_from)
+                  self.fetch_from, self.life)
         return pack(dict(zip(self.NAMES, values)))
 
     @classmethod
     def from_body(cls, body) -> WeightsManifest:
-        f = _fields(body, cls.NAMES, "weights manifest", (str, int, int, int, bytes, str, str, str), cls.SHAPE)
+        f = _fields(body, cls.NAMES, "weights manifest", (str, int, int, int, bytes, str, str, str, int), cls.SHAPE)
         crcs = np.frombuffer(f["crcs"], dtype="<u4").tolist() if len(f["crcs"]) % 4 == 0 else None
         if f["size"] < 0 or f["chunk_bytes"] <= 0 or crcs is None or len(crcs) != -(-f["size"] // f["chunk_bytes"]):
             raise FrameError(f"weights manifest of {f['size']} bytes in chunks of {f['chunk_bytes']} does not "
                              f"match its {len(f['crcs']) / 4:g} checksums")
+        if f["life"] < 0:
+            raise FrameError(f"weights manifest with a negative life {f['life']}")
         return cls(f["policy"], f["version"], f["size"], f["chunk_bytes"], crcs, f["host"], f["path"],
-                   _address(f["fetch"], "weights manifest"))
+                   _address(f["fetch"], "weights manifest"), f["life"])
 
     @property
     def chunks(self) -> int:

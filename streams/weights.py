@@ -9,8 +9,8 @@ faster here than zlib's CRC-32, so checking costs each reader little). A `Weight
 maps the file (one write, many readers); on another host it fetches the chunks over ZeroMQ with credit-based
 flow control. Either way it checks every chunk's CRC before the model sees a byte. The publisher re-announces the latest
 manifest every few seconds, so a rollout actor that joins late gets the latest version. A follower reads the
-learner's version announcements and manifests together (`LearnerFeed`): each manifest belongs to the learner's
-life announced just before it, so a restarted learner's versions are told from its predecessor's.
+learner's version announcements and manifests together (`LearnerFeed`): each manifest names the learner's life
+that made it, so a restarted learner's versions are told from its predecessor's.
 """
 
 from __future__ import annotations
@@ -109,11 +109,11 @@ class WeightsPublisher:
     swept first); ``close`` removes it."""
 
     def __init__(self, name: str, policy_id: str, manifests: Outbox, fetch_from: str,
-                 directory: str | None = SHM_DIR, chunk_bytes: int = CHUNK_BYTES, keep: int = 2):
+                 directory: str | None = SHM_DIR, chunk_bytes: int = CHUNK_BYTES, keep: int = 2, life: int = 0):
         if directory is None:
             raise RuntimeError("no shared-memory directory (/dev/shm) here: pass one to WeightsPublisher")
         self.policy_id, self.manifests, self.fetch_from = policy_id, manifests, fetch_from
-        self.chunk_bytes, self.keep = chunk_bytes, keep
+        self.chunk_bytes, self.keep, self.life = chunk_bytes, keep, life
         sweep_stale(directory)
         self.directory = private_dir(directory, f"{name}-{policy_id}")
         self._prefix = f"{name}-{policy_id}"
@@ -140,7 +140,7 @@ class WeightsPublisher:
     def _write(self, version: int, data: bytes) -> WeightsManifest:
         path = write_private(self.directory, f"{self._prefix}-v{version}.safetensors", data)  # whole or not at all
         return WeightsManifest(self.policy_id, version, len(data), self.chunk_bytes,
-                               chunk_crcs(data, self.chunk_bytes), host_id(), str(path), self.fetch_from)
+                               chunk_crcs(data, self.chunk_bytes), host_id(), str(path), self.fetch_from, self.life)
 
     async def announce_latest(self) -> None:
         """Send the latest manifest again, for subscribers that joined late or missed it."""
@@ -189,11 +189,9 @@ class LearnerFeed:
     """A follower's subscription to one learner's publisher: its version announcements (``VersionAnnounced``,
     which name the learner's life) and its weight manifests, on one subscriber, in the order it sent them.
 
-    The learner announces its version and life just before each manifest, so a manifest belongs to the life of
-    the last announcement before it (`WeightsManifest` itself names no life). Over ZeroMQ the order holds across
-    a learner's restart at its old address: the subscriber keeps one queue for the publisher's address, and the
-    dead process sent everything it sent before its successor bound it. Bad frames are dropped and counted by
-    reason, as by an `Inbox`."""
+    The learner announces its version and life before each manifest, and the manifest names its life too: a
+    follower that subscribed between the two (ZeroMQ drops what a publisher sent before a subscription reached
+    it) still knows whose weights they are. Bad frames are dropped and counted by reason, as by an `Inbox`."""
 
     DECODERS = {Kind.VERSION: VersionAnnounced.from_body, Kind.WEIGHTS: WeightsManifest.from_body}
 

@@ -39,7 +39,7 @@ class Files:
     def manifest(self, life: int, version: int) -> WeightsManifest:
         data = self.files[f"life{life}-v{version}"] = weights_of(life * 100 + version)
         return WeightsManifest("main", version, len(data), CHUNK_BYTES, chunk_crcs(data, CHUNK_BYTES), "host",
-                               f"life{life}-v{version}", "tcp://127.0.0.1:1")
+                               f"life{life}-v{version}", "tcp://127.0.0.1:1", life)
 
     async def fetch(self, manifest: WeightsManifest) -> bytearray:
         return bytearray(self.files[manifest.path])
@@ -122,10 +122,11 @@ def test_a_rollout_follows_a_restarted_learner_down_to_its_older_checkpoint_and_
     assert (stats["life"], stats["learner_life"]) == (1, 1)
 
 
-def test_a_manifest_heard_before_any_announcement_is_skipped():
-    """A follower that subscribed between an announcement and its manifest hears the manifest first: its life is
-    unknown, so it is not taken (taken as no life, a restart to a lower version could never replace it). The
-    learner's next announcement and manifest are taken, as that life's."""
+def test_a_manifest_names_its_life_so_a_missed_announcement_loses_nothing():
+    """A follower that subscribed between an announcement and its manifest hears the manifest first: it is taken
+    as the life it names (taken as no life, as before manifests named one, a restart to a lower version could never
+    replace it). A newer life's manifest heard before its announcement announces that life: the restart to a
+    lower version is followed, and a late manifest of the dead life is not taken."""
     files, model = Files(), torch.nn.Linear(2, 2, bias=False)
     actor = RolloutActor(RolloutConfig(model_path="unused"), name="rollout-t")
 
@@ -135,15 +136,17 @@ def test_a_manifest_heard_before_any_announcement_is_skipped():
         async with trio.open_nursery() as nursery:
             nursery.start_soon(actor._follow_weights, heard)
             await send.send(files.manifest(0, 12))
-            await trio.testing.wait_all_tasks_blocked()
-            assert actor._latest_weights is None and actor.statistics()["manifests_before_a_life"] == 1
-            await send.send(VersionAnnounced("main", 12, 0))
-            await send.send(files.manifest(0, 12))
             await actor._catch_up(model, 12)
+            assert (actor.version, actor.life, actor._live_life, held(model)) == (12, 0, 0, 12.0)
+            await send.send(files.manifest(1, 10))  # life 1, from the checkpoint at 10: no announcement heard
+            await send.send(files.manifest(0, 13))  # a late word of life 0
+            await trio.testing.wait_all_tasks_blocked()
+            await actor._catch_up(model, 0)
             nursery.cancel_scope.cancel()
 
     trio.run(main)
-    assert (actor.version, actor.life, held(model)) == (12, 0, 12.0) and actor.statistics()["weights_applied"] == 1
+    assert (actor.version, actor.life, actor._live_life, held(model)) == (10, 1, 1, 110.0)
+    assert actor.statistics()["weights_applied"] == 2 and actor.statistics()["lives_followed"] == 1
 
 
 def test_the_next_batch_waits_for_the_new_lifes_weights():

@@ -13,7 +13,7 @@ def test_messages_round_trip():
     assert Completion.from_body(completion.to_body()) == completion
     refused = Completion.refused(8, "temperature must be in [0, 2]")
     assert Completion.from_body(refused.to_body()) == refused and refused.error and not refused.token_ids
-    manifest = WeightsManifest("main", 3, 10, 4, [1, 2, 3], "host/boot", "/dev/shm/w", "tcp://127.0.0.1:5")
+    manifest = WeightsManifest("main", 3, 10, 4, [1, 2, 3], "host/boot", "/dev/shm/w", "tcp://127.0.0.1:5", life=2)
     assert WeightsManifest.from_body(manifest.to_body()) == manifest
     assert WeightsFetch.from_body(WeightsFetch("main", 3, 2, "mem://x").to_body()) == WeightsFetch("main", 3, 2, "mem://x")
     assert WeightsChunk.from_body(WeightsChunk("main", 3, 2, b"ab").to_body()) == WeightsChunk("main", 3, 2, b"ab")
@@ -32,6 +32,8 @@ def test_malformed_messages_raise_frame_errors():
         WeightsManifest.from_body(b"\xc1 not msgpack")
     with pytest.raises(FrameError, match="does not match its 2 checksums"):
         WeightsManifest.from_body(WeightsManifest("main", 3, 10, 4, [1, 2], "h", "p", "tcp://a:1").to_body())
+    with pytest.raises(FrameError, match="negative life"):
+        WeightsManifest.from_body(WeightsManifest("main", 3, 10, 4, [1, 2, 3], "h", "p", "tcp://a:1", -1).to_body())
     with pytest.raises(FrameError, match="not a stream address"):
         GenerationRequest.from_body(GenerationRequest(1, "/etc/passwd", "main", [1], 1.0, 4).to_body())
     fields = unpack(GenerationRequest(1, "mem://a", "main", [1], 1.0, 4).to_body())
