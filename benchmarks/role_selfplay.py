@@ -227,6 +227,23 @@ def seen_tasks(run_dir: Path) -> set[tuple[tuple[int, ...], int]]:
     return seen | {task_key(t["numbers"], t["target"]) for tasks in kept_tasks(run_dir) for t in tasks}
 
 
+def own_tasks(run_dir: Path, count: int = 200) -> list[tuple[tuple[int, ...], int]]:
+    """``count`` tasks the run set its solvers in its last third (by batch) that are shaped like the held-out ones:
+    three numbers, a target that is none of them (seeded draw). The solver's rate on these against the held-out
+    rate tells learning the tasks it was set from learning Countdown."""
+    import pyarrow.dataset as ds
+
+    from envs.propose_solve import task_kind
+
+    table = ds.dataset(run_dir / "episodes", format="parquet").to_table(
+        columns=["prompt_text", "batch_seq"], filter=ds.field("role") == "solver")
+    batches = table.column("batch_seq").to_pylist()
+    last = max(batches, default=0)
+    tasks = {task for task, seq in zip(map(solver_task, table.column("prompt_text").to_pylist()), batches)
+             if task is not None and seq * 3 >= last * 2 and len(task[0]) == 3 and task_kind(*task) != "copy"}
+    return random.Random(1).sample(sorted(tasks), min(count, len(tasks)))
+
+
 def solver_task(prompt: str | None) -> tuple[tuple[int, ...], int] | None:
     """The task a solver's prompt sets (``ProposeSolve.observation``), numbers sorted; None for another prompt."""
     from envs.task_buffer import task_key
@@ -311,6 +328,9 @@ def main(argv: list[str]) -> int:
         print(f"the {len(set_in_run)} held-out tasks the run set its solvers (left out above): "
               f"{solve_rate(base, set_in_run):.3f} -> {solve_rate(run_dir / 'policy', set_in_run):.3f}")
     print(f"kept proposals (solve rate): {breakdown(run_dir)}")
+    if own := own_tasks(run_dir):
+        print(f"{len(own)} of the run's own tasks of the last third (three numbers, not copies): "
+              f"{solve_rate(base, own):.3f} -> {solve_rate(run_dir / 'policy', own):.3f}")
     show = lambda x: "nan" if x is None else f"{x:.3f}"  # noqa: E731
     print(f"solver_heldout_start={start:.3f} solver_heldout_final={final:.3f} solver_gain={final - start:.3f} "
           f"proposal_solve_rate_last_third={show(rate)} valid_proposals={show(valid)}")
