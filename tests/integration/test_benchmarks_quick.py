@@ -36,6 +36,7 @@ def test_staleness_quick(tmp_path):
     assert any(line.strip().startswith("decoupled eta=auto") for line in lines)  # the table's cell
 
 
+@pytest.mark.slow  # about 70 s, the harness's output only: the suite measured 18:32 on 2 cores with it
 @pytest.mark.timeout(600)
 def test_async_vs_sync_quick(tmp_path):
     lines = run("async_vs_sync.py", tmp_path)
@@ -44,6 +45,7 @@ def test_async_vs_sync_quick(tmp_path):
     assert all(any(line.startswith(f"eta={eta}:") for line in lines) for eta in (0, 2, "auto"))
 
 
+@pytest.mark.slow  # about 70 s; leagues on Ray are tested in test_league.py: the suite measured 18:32 with it
 @pytest.mark.ray
 @pytest.mark.timeout(600)
 def test_league_quick_on_ray(tmp_path, tiny_model_dir):
