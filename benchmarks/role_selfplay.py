@@ -244,6 +244,22 @@ def own_tasks(run_dir: Path, count: int = 200) -> list[tuple[tuple[int, ...], in
     return random.Random(1).sample(sorted(tasks), min(count, len(tasks)))
 
 
+def solver_groups(run_dir: Path) -> str:
+    """The solvers' groups (one proposal's k attempts) the learner took in: how many, the share with both right and
+    wrong attempts (the only ones GRPO learns from), and the share whose attempts wrote one text alike."""
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(run_dir / "episodes", format="parquet").to_table(
+        columns=["episode_id", "reward", "action_text"], filter=ds.field("role") == "solver")
+    groups: dict[str, list] = {}
+    for episode, reward, text in zip(*(table.column(name).to_pylist() for name in table.column_names)):
+        groups.setdefault(episode, []).append((reward > 0, text))
+    mixed = sum(len({right for right, _ in group}) == 2 for group in groups.values())
+    alike = sum(len({text for _, text in group}) == 1 for group in groups.values())
+    return (f"solver groups {len(groups)}: with right and wrong attempts {mixed} ({mixed / max(1, len(groups)):.2f}), "
+            f"one answer written by all {alike / max(1, len(groups)):.2f}")
+
+
 def solver_task(prompt: str | None) -> tuple[tuple[int, ...], int] | None:
     """The task a solver's prompt sets (``ProposeSolve.observation``), numbers sorted; None for another prompt."""
     from envs.task_buffer import task_key
@@ -328,6 +344,7 @@ def main(argv: list[str]) -> int:
         print(f"the {len(set_in_run)} held-out tasks the run set its solvers (left out above): "
               f"{solve_rate(base, set_in_run):.3f} -> {solve_rate(run_dir / 'policy', set_in_run):.3f}")
     print(f"kept proposals (solve rate): {breakdown(run_dir)}")
+    print(solver_groups(run_dir))
     if own := own_tasks(run_dir):
         print(f"{len(own)} of the run's own tasks of the last third (three numbers, not copies): "
               f"{solve_rate(base, own):.3f} -> {solve_rate(run_dir / 'policy', own):.3f}")
