@@ -1,8 +1,9 @@
 """The rollout actor's weights: following its learner's versions and lives, and taking them into the engine.
 
 The learner announces its version and its *life* (its starts in this life of the run) before each manifest, which
-names that life too (`streams.weights.LearnerFeed`): a manifest of a newer life announces it. The actor holds weights of one (life, version): it takes a newer version of the
-life it holds, and any version of a newer life, even a lower one (a learner restarted from an older checkpoint).
+names that life too (`streams.weights.LearnerFeed`): a manifest of a newer life announces it. The actor holds
+weights of one (life, version): it takes a newer version of the life it holds, and any version of a newer life,
+even a lower one (a learner restarted from an older checkpoint).
 Once a newer life is announced, the weights of the dead one are not sampled any more: a request waits for the
 new life's weights, and so does a batch under way (``hf``, between two decoding steps), so no token is sampled
 with the dead learner's weights after its successor announced itself. (``vllm``: requests in flight go on until
