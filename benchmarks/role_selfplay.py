@@ -213,30 +213,31 @@ def seen_tasks(run_dir: Path) -> set[tuple[tuple[int, ...], int]]:
     ``run.dataset``: a solver's prompt names its task) and those its task buffer kept. The held-out score leaves
     these out: the buffer alone keeps only its last ``buffer_capacity`` tasks, and a task it pushed out early may
     still have been learned by heart."""
-    import pyarrow.compute as pc
-    import pyarrow.dataset as ds
-
     from envs.task_buffer import task_key
 
     if not (run_dir / "episodes").is_dir():
         raise FileNotFoundError(f"{run_dir / 'episodes'} is missing: the held-out filter reads every task the run set "
                                 "from its episode dataset (run.dataset=true)")
-    prompts = ds.dataset(run_dir / "episodes", format="parquet").to_table(
-        columns=["prompt_text"], filter=pc.field("role") == "solver").column("prompt_text").to_pylist()
+    prompts = solver_rows(run_dir, ["prompt_text"]).column("prompt_text").to_pylist()
     seen = {task for task in map(solver_task, prompts) if task is not None}
     return seen | {task_key(t["numbers"], t["target"]) for tasks in kept_tasks(run_dir) for t in tasks}
+
+
+def solver_rows(run_dir: Path, columns: list[str]):
+    """``columns`` of the solvers' rows in the run's episode dataset (``run.dataset``), as an Arrow table."""
+    import pyarrow.dataset as ds
+
+    return ds.dataset(run_dir / "episodes", format="parquet").to_table(columns=columns,
+                                                                       filter=ds.field("role") == "solver")
 
 
 def own_tasks(run_dir: Path, count: int = 200) -> list[tuple[tuple[int, ...], int]]:
     """``count`` tasks the run set its solvers in its last third (by batch) that are shaped like the held-out ones:
     three numbers, a target that is none of them (seeded draw). The solver's rate on these against the held-out
     rate tells learning the tasks it was set from learning Countdown."""
-    import pyarrow.dataset as ds
-
     from envs.propose_solve import task_kind
 
-    table = ds.dataset(run_dir / "episodes", format="parquet").to_table(
-        columns=["prompt_text", "batch_seq"], filter=ds.field("role") == "solver")
+    table = solver_rows(run_dir, ["prompt_text", "batch_seq"])
     batches = table.column("batch_seq").to_pylist()
     last = max(batches, default=0)
     tasks = {task for task, seq in zip(map(solver_task, table.column("prompt_text").to_pylist()), batches)
@@ -247,10 +248,7 @@ def own_tasks(run_dir: Path, count: int = 200) -> list[tuple[tuple[int, ...], in
 def solver_groups(run_dir: Path) -> str:
     """The solvers' groups (one proposal's k attempts) the learner took in: how many, the share with both right and
     wrong attempts (the only ones GRPO learns from), and the share whose attempts wrote one text alike."""
-    import pyarrow.dataset as ds
-
-    table = ds.dataset(run_dir / "episodes", format="parquet").to_table(
-        columns=["episode_id", "reward", "action_text"], filter=ds.field("role") == "solver")
+    table = solver_rows(run_dir, ["episode_id", "reward", "action_text"])
     groups: dict[str, list] = {}
     for episode, reward, text in zip(*(table.column(name).to_pylist() for name in table.column_names)):
         groups.setdefault(episode, []).append((reward > 0, text))
