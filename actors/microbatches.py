@@ -1,4 +1,9 @@
-"""Cutting a minibatch into micro-batches by a token budget, and sharing it among a learner group's ranks.
+"""Which rows a minibatch computes, cut into micro-batches by a token budget and shared among a learner group's ranks.
+
+``trained_rows`` leaves out the rows with no gradient (advantage 0, no KL term, no entropy bonus: a GRPO group
+that all scored alike) and, with ``row_share_by_role``, a seeded draw of a role's rows: in role self-play a
+proposer's row is about four times a solver's tokens and is most of what the learner computes
+(``docs/learner.md``).
 
 A micro-batch is padded to its own longest row only, so its memory is about ``rows x longest`` tokens:
 ``max_tokens_per_microbatch`` bounds that product. Rows are sorted by length before they are cut (rows of
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 MAX_SPREAD = 2.0  # a micro-batch's longest row over its shortest stays under this (see the module)
+NEGLIGIBLE_ADVANTAGE = 1e-6  # a row's |advantage| at most this has no gradient (``trained_rows``)
 
 
 @dataclass(frozen=True)
@@ -107,3 +113,24 @@ def plan(lengths: list[int], budget: int | None, world: int = 1) -> list[list[li
             half = len(largest) // 2
             share += [largest[:half], largest[half:]]
     return shares
+
+
+def trained_rows(objective, advantages: torch.Tensor, batch, reference, generator: torch.Generator | None = None):
+    """Which rows of ``batch`` (a ``TokenBatch``) the update computes, for ``objective`` (an ``Objective``).
+
+    Not one with no KL term, no entropy bonus and |advantage| at most ``NEGLIGIBLE_ADVANTAGE`` (a GRPO group's that
+    all scored alike; a running baseline decaying towards a constant return, -2e-10): each loss is the advantage
+    times something, so leaving it out moves the update no more. And of a role with a row share below 1, only the
+    rows that a draw from ``generator`` keeps at that rate: the role learns from a sample of its rows, as with a
+    smaller batch (its gradient is not scaled up)."""
+    if objective.entropy_coef > 0:
+        trained = torch.ones_like(advantages, dtype=torch.bool)
+    else:
+        idle = advantages.abs() <= NEGLIGIBLE_ADVANTAGE
+        if reference is not None and objective.anchored:
+            idle &= objective.kl_coefs(batch.role_keys) == 0
+        trained = ~idle
+    shares = objective.row_shares(batch.role_keys)
+    if bool((shares < 1).any()):  # no draw otherwise: the generator's stream stays as it was
+        trained &= torch.rand(len(shares), generator=generator) < shares
+    return trained

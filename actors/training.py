@@ -32,8 +32,7 @@ NONFINITE_LOSS = "nonfinite_loss_max"  # while a minibatch runs: 1 if a micro-ba
 class Objective:
     """What the learner optimises. Defaults: RAE advantages with the decoupled PPO loss (self-play)."""
 
-    loss: str = "decoupled_ppo"  # decoupled_ppo | ppo (clip on pi/mu: "naive" off-policy PPO) | truncated_is |
-    # reinforce
+    loss: str = "decoupled_ppo"  # decoupled_ppo | ppo (clip on pi/mu: naive off-policy) | truncated_is | reinforce
     advantage: str = "rae"  # rae | rae_state (refined per observed state) | grpo (mean and std per role) |
     # grpo_mean (mean only) | rebn (whole batch) | role_grpo (GRPO over a role's attempts at one task, RAE for a
     # role that acts once an episode: role self-play)
@@ -47,9 +46,9 @@ class Objective:
     state_window: int = 64  # rae_state: a state's mean follows about its last this many visits
     state_capacity: int = 100_000  # rae_state: states kept (least recently seen dropped first)
     kl_coef: float = 0.0  # > 0: KL penalty towards a reference policy (the starting one)
-    kl_estimator: str = "loss"  # loss: k3 in the loss (forward KL's gradient) | reward: a cost in the advantage
-    # (reverse KL; magnetic mirror descent)
+    kl_estimator: str = "loss"  # loss: k3 in the loss (forward KL's gradient) | reward: a cost in the advantage (MMD)
     kl_coef_by_role: dict[str, float] = field(default_factory=dict)  # a named role's own (others: kl_coef)
+    row_share_by_role: dict[str, float] = field(default_factory=dict)  # a named role's rows trained (others: all)
     entropy_coef: float = 0.0  # > 0: entropy bonus
     max_grad_norm: float = 1.0
     minibatches: int = 4  # optimizer steps per batch; > 1 recomputes pi_prox before the first
@@ -65,6 +64,10 @@ class Objective:
         for role, coef in [("kl_coef", self.kl_coef), *self.kl_coef_by_role.items()]:
             if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not coef >= 0:
                 raise ValueError(f"a KL coefficient must be a number >= 0, not {coef!r} (for {role})")
+        self.row_share_by_role = dict(self.row_share_by_role or {})
+        for role, share in self.row_share_by_role.items():
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+                raise ValueError(f"a row share must be a number in (0, 1], not {share!r} (for {role})")
         self.weight_range = tuple(self.weight_range)
 
     @property
@@ -75,6 +78,10 @@ class Objective:
     def kl_coefs(self, role_keys: list[tuple]) -> torch.Tensor:
         """Each row's KL coefficient: its role's (``kl_coef_by_role``) or ``kl_coef``."""
         return torch.tensor([float(self.kl_coef_by_role.get(key[2], self.kl_coef)) for key in role_keys])
+
+    def row_shares(self, role_keys: list[tuple]) -> torch.Tensor:
+        """Each row's chance of being trained: its role's ``row_share_by_role``, else 1."""
+        return torch.tensor([float(self.row_share_by_role.get(key[2], 1.0)) for key in role_keys])
 
 
 @dataclass
@@ -248,9 +255,10 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     Each minibatch is cut into micro-batches of at most ``max_tokens_per_microbatch`` padded tokens
     (``actors/microbatches.py``) whose gradients add up before the step: each micro-batch's loss (a mean over its
     action tokens) is weighted by its share of the minibatch's action tokens, so the update is the same however the
-    minibatch was cut. Rows with no gradient (``trained_rows``) are not computed; the statistics are means over the
-    others (``rows_trained`` of ``rows``). In a learner group (``shard``) every rank holds the whole batch (the same
-    advantages and minibatches everywhere) and trains its share of each minibatch's rows.
+    minibatch was cut. Rows with no gradient, and those a role's row share leaves out (``microbatches.trained_rows``),
+    are not computed; the statistics are means over the others (``rows_trained`` of ``rows``). In a learner group
+    (``shard``) every rank holds the whole batch (the same advantages, minibatches and row draw everywhere) and
+    trains its share of each minibatch's rows.
 
     The proximal policy pi_prox is the model before the first step: with one minibatch, the current log-probs,
     detached; with more, computed once, up front. ``logprob_gap`` is the mean |log pi_prox - log mu| of the action
@@ -275,7 +283,7 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     order = torch.randperm(batch.input_ids.shape[0], generator=generator)
     lengths = batch.attention_mask.sum(1).tolist()
     loss_mask = batch.action_mask[:, 1:]
-    trained = trained_rows(objective, advantages, batch, reference)
+    trained = microbatches.trained_rows(objective, advantages, batch, reference, generator)
     steps = []  # per minibatch: its action tokens, those trained, and this rank's micro-batches (row indices)
     for index in torch.chunk(order, objective.minibatches):
         kept = index[trained[index]]  # the loss stays a mean over every row's tokens: the same update
@@ -387,14 +395,3 @@ def _micro_loss(objective: Objective, mb: TokenBatch, logits, logprobs, proximal
         loss = loss + penalty
         s.update(k)
     return loss, s
-
-
-def trained_rows(objective: Objective, advantages: torch.Tensor, batch: TokenBatch, reference) -> torch.Tensor:
-    """Which rows' losses have a gradient: not one of advantage 0 with no KL term and no entropy bonus (each loss is
-    the advantage times something), such as a GRPO group's whose attempts all scored alike. Leaving it out is exact."""
-    if objective.entropy_coef > 0:
-        return torch.ones_like(advantages, dtype=torch.bool)
-    idle = advantages == 0
-    if reference is not None and objective.anchored:
-        idle &= objective.kl_coefs(batch.role_keys) == 0
-    return ~idle

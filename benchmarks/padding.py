@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actors import microbatches, training  # noqa: E402
+from actors import microbatches  # noqa: E402
 from actors.training import Objective, TrainerState, policy_gradient_step, single_turn_batch  # noqa: E402
 
 
@@ -106,19 +106,19 @@ def idle_rows(base, args, vocab: int) -> str:
     returns = [0.0] * args.rows
     for k, i in enumerate(active[:len(active) // 2 * 2]):  # an even count of them, so that the mean is exactly 0
         returns[i] = -1.0 if k % 2 else 1.0
-    batch, default = mixed_batch(args.rows, args.long_share, vocab, returns=returns), training.trained_rows
+    batch, default = mixed_batch(args.rows, args.long_share, vocab, returns=returns), microbatches.trained_rows
     times, weights = {"every row": [], "trained rows": []}, {}
     every_row = lambda _objective, advantages, *_: torch.ones_like(advantages, dtype=torch.bool)  # noqa: E731
     for round_ in range(args.rounds):
         for name in times:
-            training.trained_rows = default if name == "trained rows" else every_row
+            microbatches.trained_rows = default if name == "trained rows" else every_row
             model = copy.deepcopy(base)
             seconds, passes = update(model, batch, microbatches.MAX_SPREAD, advantage="grpo_mean")
             times[name].append(seconds)
             weights[name] = model
             print(f"round {round_ + 1}: {name} ({returns.count(0.0)} of {len(returns)} idle): {seconds:.2f} s, "
                   f"{passes} passes")
-    training.trained_rows = default
+    microbatches.trained_rows = default
     diff = max((a - b).abs().max().item() for a, b in zip(*(m.parameters() for m in weights.values())))
     every, trained = (statistics.median(t) for t in times.values())
     return f"idle_skip_speedup={every / trained:.2f} idle_update_diff={diff:.1e}"

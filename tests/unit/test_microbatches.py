@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from actors import microbatches, training
-from actors.training import Objective, TrainerState, policy_gradient_step, single_turn_batch, trained_rows
+from actors import microbatches
+from actors.microbatches import trained_rows
+from actors.training import Objective, TrainerState, policy_gradient_step, single_turn_batch
 
 
 def test_a_cut_keeps_every_row_once_and_stays_within_the_budget():
@@ -117,7 +118,7 @@ def test_rows_with_no_gradient_are_not_computed_and_the_update_is_the_same(minib
     base, results = tiny_llama(), []
     for skip in (True, False):
         if not skip:  # as before: every row computed
-            monkeypatch.setattr(training, "trained_rows", lambda objective, advantages, *_: advantages == advantages)
+            monkeypatch.setattr(microbatches, "trained_rows", lambda objective, advantages, *_: advantages == advantages)
         model = copy.deepcopy(base)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         state = TrainerState()
@@ -146,3 +147,43 @@ def test_a_row_with_a_kl_term_or_an_entropy_bonus_is_trained_whatever_its_advant
     assert trained_rows(anchored, advantages, batch, reference=None).tolist() == [False, True, False, True]
     by_role = Objective(kl_coef_by_role={"other": 0.1})  # single_turn rows have role "" (no KL for them)
     assert trained_rows(by_role, advantages, batch, reference=object()).tolist() == [False, True, False, True]
+
+
+def test_a_row_whose_advantage_is_a_baselines_residue_is_not_trained():
+    """RAE's running baseline decays towards a role's constant return (a copy's 0 in propose_solve) but never reaches
+    it: a row at -2e-10 costs a full pass for no gradient. A small advantage that is not such a residue is trained."""
+    batch = random_batch(rows=4, returns=[0.0, 0.0, 1.0, 0.0])
+    advantages = torch.tensor([-2e-10, 3e-7, 1e-3, -1e-4])
+    assert trained_rows(Objective(), advantages, batch, reference=None).tolist() == [False, False, True, True]
+    assert trained_rows(Objective(entropy_coef=0.01), advantages, batch, None).all()
+
+
+def test_a_role_share_trains_a_seeded_sample_of_that_roles_rows_and_every_other_row():
+    """row_share_by_role={proposer: 0.25}: about a quarter of the proposer's rows, the same draw on every rank (one
+    seed), every solver row; with no share below 1 nothing is drawn, so the update's shuffle stays as it was."""
+    batch = random_batch(rows=400, returns=[1.0, -1.0] * 200)
+    batch.role_keys = [("propose_solve", "", "proposer" if i % 2 else "solver") for i in range(400)]
+    proposer, advantages = torch.tensor([i % 2 == 1 for i in range(400)]), torch.ones(400)
+    objective = Objective(row_share_by_role={"proposer": 0.25})
+    kept = trained_rows(objective, advantages, batch, None, torch.Generator().manual_seed(7))
+    assert kept[~proposer].all() and 30 <= int(kept[proposer].sum()) <= 70  # 50 expected, sd 6
+    assert torch.equal(kept, trained_rows(objective, advantages, batch, None, torch.Generator().manual_seed(7)))
+    assert not torch.equal(kept, trained_rows(objective, advantages, batch, None, torch.Generator().manual_seed(8)))
+    generator = torch.Generator().manual_seed(7)
+    assert trained_rows(Objective(row_share_by_role={"proposer": 1.0}), advantages, batch, None, generator).all()
+    assert torch.equal(generator.get_state(), torch.Generator().manual_seed(7).get_state())
+
+
+def test_a_row_share_is_a_number_in_0_to_1():
+    for bad in (0, -0.5, 1.5, True, "half", None):
+        with pytest.raises(ValueError, match="row share"):
+            Objective(row_share_by_role={"proposer": bad})
+
+
+def test_an_update_with_a_row_share_computes_only_the_rows_drawn():
+    model, batch = tiny_llama(), random_batch(rows=24, returns=[1.0, -1.0] * 12)
+    batch.role_keys = [("propose_solve", "main", "solver")] * 24
+    stats = policy_gradient_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), batch,
+                                 Objective(advantage="grpo_mean", row_share_by_role={"solver": 0.5}), TrainerState(),
+                                 temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert stats["rows"] == 24 and 0 < stats["rows_trained"] < 24
