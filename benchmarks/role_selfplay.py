@@ -247,15 +247,24 @@ def own_tasks(run_dir: Path, count: int = 200) -> list[tuple[tuple[int, ...], in
 
 def solver_groups(run_dir: Path) -> str:
     """The solvers' groups (one proposal's k attempts) the learner took in: how many, the share with both right and
-    wrong attempts (the only ones GRPO learns from), and the share whose attempts wrote one text alike."""
-    table = solver_rows(run_dir, ["episode_id", "reward", "action_text"])
+    wrong attempts (the only ones GRPO learns from), the share whose attempts wrote one text alike, how many
+    different tasks they were set, and the share of the last third's (by batch) set in an earlier group."""
+    table = solver_rows(run_dir, ["episode_id", "reward", "action_text", "prompt_text", "batch_seq"])
     groups: dict[str, list] = {}
-    for episode, reward, text in zip(*(table.column(name).to_pylist() for name in table.column_names)):
+    tasks: dict[str, tuple] = {}
+    for episode, reward, text, prompt, seq in zip(*(table.column(name).to_pylist() for name in table.column_names)):
         groups.setdefault(episode, []).append((reward > 0, text))
+        tasks.setdefault(episode, (seq, episode, solver_task(prompt)))
     mixed = sum(len({right for right, _ in group}) == 2 for group in groups.values())
     alike = sum(len({text for _, text in group}) == 1 for group in groups.values())
+    order, seen, again = sorted(tasks.values()), set(), []
+    for seq, _, task in order:
+        if seq * 3 >= order[-1][0] * 2:
+            again.append(task in seen)
+        seen.add(task)
     return (f"solver groups {len(groups)}: with right and wrong attempts {mixed} ({mixed / max(1, len(groups)):.2f}), "
-            f"one answer written by all {alike / max(1, len(groups)):.2f}")
+            f"one answer written by all {alike / max(1, len(groups)):.2f}; different tasks {len(seen)}, of the last "
+            f"third's set before {sum(again) / max(1, len(again)):.2f}")
 
 
 def solver_task(prompt: str | None) -> tuple[tuple[int, ...], int] | None:
