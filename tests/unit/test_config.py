@@ -26,11 +26,19 @@ def test_the_default_jobs_compose_as_typed_configs():
     ("run.minutes=soon", "run.minutes"),
     ("env.args.concurrency=1.5", "env.args.concurrency"),
     ("learner.args.objective.loss=bogus", "unknown loss 'bogus'"),  # the actor's own dataclass checks it
+    ("++learner.args.objective.row_share_by_role={proposer:2}", "a row share must be a number in (0, 1], not 2"),
 ])
 def test_unknown_keys_and_wrong_types_fail_when_composed(override, message):
     with pytest.raises(Exception) as error:
         load_config([override])
     assert message in str(error.value) or message in str(error.value.__cause__)
+
+
+def test_a_role_row_share_composes_into_the_learners_objective():
+    objective = load_config(["++learner.args.objective.row_share_by_role={proposer:0.25}"]).learner.args.objective
+    assert objective.row_share_by_role == {"proposer": 0.25}
+    rows = [("propose_solve", "main", "proposer"), ("propose_solve", "main", "solver")]
+    assert objective.row_shares(rows).tolist() == [0.25, 1.0]
 
 
 @pytest.mark.parametrize("group", ["env", "rollout", "learner"])
