@@ -18,9 +18,10 @@ each from the same weights (rounding only: the cut does not change the update), 
 sampling times.
 
 Then the rows with no gradient: the same batch with ``--idle-share`` of its rows at advantage 0 (GRPO groups whose
-attempts all scored alike), updated computing them (as before) and leaving them out (``trained_rows``), taking
-turns: ``idle_skip_speedup`` (the median time computing every row over leaving the idle ones out) and
-``idle_update_diff`` (the largest weight difference: rounding only) end the last line.
+attempts all scored alike), updated computing them (as before) and leaving them out
+(``microbatches.trained_rows``), taking turns: ``idle_skip_speedup`` (the median time computing every row over
+leaving the idle ones out) and ``idle_update_diff`` (the largest weight difference: rounding only) end the last
+line.
 """
 
 from __future__ import annotations
