@@ -254,7 +254,8 @@ def solver_groups(run_dir: Path) -> str:
     tasks: dict[str, tuple] = {}
     for episode, reward, text, prompt, seq in zip(*(table.column(name).to_pylist() for name in table.column_names)):
         groups.setdefault(episode, []).append((reward > 0, text))
-        tasks.setdefault(episode, (seq, episode, solver_task(prompt)))
+        if episode not in tasks:  # one parse per group: its k attempts share the prompt
+            tasks[episode] = (seq, episode, solver_task(prompt))
     mixed = sum(len({right for right, _ in group}) == 2 for group in groups.values())
     alike = sum(len({text for _, text in group}) == 1 for group in groups.values())
     order, seen, again = sorted(tasks.values()), set(), []
