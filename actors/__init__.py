@@ -1,6 +1,8 @@
-"""tidal's actors and what runs them. At the top level, the six actors (`env`, `rollout`, `reward`, `replay`,
-`learner`, `league`) with their own parts (`training` for the learner, `spill` for replay, `evaluation`
-for env) and `host`, which runs actors on trio loops; `engines/` holds the generation engines and models;
-`runs/` the run's driver, scaling, recovery, control and evaluations; `leagues/` the league's domain
-(matchmaking, the table). `launcher.py` is the only module that knows Ray, and `cli.py` is the `tidal`
-command."""
+"""tidal's actors and what runs them, a package per actor: `env`, `rollout`, `reward`, `replay`, `learner` and
+`league`, each with `actor.py` (the class and its config) and its parts beside it under names that say what they
+are. `models/` is what a policy is on disk and on a device (base and random models, tokenizer, snapshots, the
+checkpoint directory's contract, the length cut), shared by every actor. `runs/` configures, wires, hosts and
+drives a run (config, topology, the Ray cluster, the driver, scaling, recovery); `observe/` watches it (metrics,
+TensorBoard, W&B, export). `runs/ray_cluster.py` is the only module that knows Ray, and `cli.py` is the `tidal`
+command. An actor package imports only `streams`, `envs`, `algos`, `actors.models` and itself
+(tests/test_structure.py holds the rules and their declared exceptions)."""

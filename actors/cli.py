@@ -14,16 +14,16 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from actors import config
-from actors.config import RunConfig
+from actors.runs import config
+from actors.runs.config import RunConfig
 from actors.runs.driver import Driver
-from actors.topology import policy_dir
+from actors.runs.topology import policy_dir
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 def load_config(overrides: list[str], name: str = "launch") -> RunConfig:
-    """Compose ``configs/<name>.yaml`` with Hydra overrides onto the typed schema (``actors/config.py``): a bad
+    """Compose ``configs/<name>.yaml`` with Hydra overrides onto the typed schema (``actors/runs/config.py``): a bad
     override, an unknown key or a value of the wrong type fails here, with Hydra's message naming it, and so does
     a contradictory config (``config.check``).
 
@@ -61,7 +61,7 @@ def refuse_moved(overrides: list[str]) -> None:
 
 
 def resumed_config(run_dir: str, overrides: list[str]) -> RunConfig:
-    from actors.learner import find_checkpoint
+    from actors.models.checkpoints import find_checkpoint
 
     path = Path(run_dir).expanduser()
     if not (path / "config.json").exists():
@@ -198,7 +198,7 @@ def top_command(run: str | None, once: bool) -> int:
     """``tidal top``: the run's screen, redrawn until it finishes (``once``: printed once)."""
     from rich.console import Console
 
-    from actors.runs.top import find_run, render, watch
+    from actors.runs.dashboard import find_run, render, watch
 
     try:
         run_dir = find_run(run)
@@ -217,7 +217,7 @@ def top_command(run: str | None, once: bool) -> int:
 
 def export_command(run: str, out: str | None) -> int:
     """``tidal export``: a run's trained episodes from its spill, as the episode dataset."""
-    from actors.runs.export import export_run
+    from actors.observe.export import export_run
 
     try:
         counts = export_run(run, out)
@@ -239,8 +239,8 @@ def parse_count(text: str) -> tuple[str, int]:
 
 def print_league_table(run_dir: str) -> int:
     """Print a league run's ratings and payoff matrix; write its ratings-over-time plot beside its state."""
-    from actors.league import load_state
-    from actors.leagues.table import format_table, plot_ratings
+    from actors.league.actor import load_state
+    from actors.league.table import format_table, plot_ratings
 
     try:
         state = load_state(Path(run_dir).expanduser())

@@ -7,7 +7,7 @@ streams. The same requests (TicTacToe prompts from random legal play, temperatur
 at once, at most 256 in flight) go to one actor and then the other, for ``--rounds`` rounds (the median
 counts; the machine's load changes). vLLM's engine start is not timed (it is reported).
 
-The log-prob gap: the learner's own recomputation (``actors.training``) of the log-probs of vLLM's sampled
+The log-prob gap: the learner's own recomputation (``actors.learner.update``) of the log-probs of vLLM's sampled
 tokens, against the behaviour log-probs vLLM reported, mean absolute difference in nats; measured before and
 after a weight update (one learner step, published as the learner publishes weights). The last line is
 ``vllm_tokens_per_s=<n> hf_tokens_per_s=<n> logprob_gap=<after the update>``.
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def prompts_of(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
-    from actors.engines.base_model import demonstrations
+    from actors.models.base_model import demonstrations
 
     pairs = demonstrations("tictactoe", max(n // 4, 8), seed)
     prompts = [prompt for prompt, _ in pairs]
@@ -66,8 +66,8 @@ async def measure(args, model_dir: str, prompts: list[list[int]], weights_dir: s
     from transformers import AutoModelForCausalLM
 
     from streams.endpoints import Inbox, Outbox
-    from actors.rollout import RolloutActor, RolloutConfig
-    from actors.training import Objective, TrainerState, behaviour_gap, policy_gradient_step, single_turn_batch
+    from actors.rollout.actor import RolloutActor, RolloutConfig
+    from actors.learner.update import Objective, TrainerState, behaviour_gap, policy_gradient_step, single_turn_batch
     from streams.weights import WeightsPublisher, weights_to_bytes
     from streams.channels import MemoryTransport
     from streams.messages import WEIGHTS_TOPIC, decode_completions
@@ -136,7 +136,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.requests, args.rounds = 512, 2
-    from actors.engines.base_model import TinyModelConfig, ensure_base_model
+    from actors.models.base_model import TinyModelConfig, ensure_base_model
 
     cache = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("model.cache_dir=")),
                  "~/.cache/tidal/models")

@@ -44,10 +44,10 @@ from pathlib import Path
 import ray
 
 from actors.cli import load_config
-from actors.host import CRASH
-from actors.learner import checkpoint_cursor
+from actors.runs.host import CRASH
+from actors.models.checkpoints import checkpoint_cursor
 from actors.runs.driver import Driver
-from actors.spill import account_episodes
+from actors.replay.spill import account_episodes
 
 KINDS = ["reward", "replay", "learner", "env", "rollout"]
 FAULTS = ["kill", "crash"]

@@ -91,8 +91,8 @@ def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir:
     """
     from transformers import AutoTokenizer
 
-    from actors.env import EnvActor, EnvConfig
-    from actors.engines.scripted import serve_scripted
+    from actors.env.actor import EnvActor, EnvConfig
+    from actors.rollout.scripted import serve_scripted
     from streams.channels import MemoryTransport, ZmqTransport
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -142,7 +142,7 @@ def floor_steps_per_s(episodes: int, steps: int, model_dir: Path) -> float:
     from transformers import AutoTokenizer
 
     import envs
-    from actors.generation import TokenCodec
+    from actors.env.policy_client import TokenCodec
     from streams.messages import (GenerationRequest, decode_completions, decode_requests, encode_completions,
                                   encode_requests, split_completions, split_requests)
     from streams.schema import Columns, encode_episodes
@@ -246,7 +246,7 @@ def main(argv=None) -> None:
     steps = args.steps or (10_000 if args.quick else 60_000)
     logging.basicConfig(level=logging.WARNING)
 
-    from actors.engines.base_model import ensure_base_model, tiny_model_config
+    from actors.models.base_model import ensure_base_model, tiny_model_config
     from actors.cli import load_config
 
     cfg = load_config([])  # the default job's tiny model: only its tokenizer is used

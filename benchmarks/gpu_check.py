@@ -12,7 +12,7 @@ file; its model is made once (random weights, float32, safetensors, tidal's own 
 text) in ``--cache-dir`` and loaded with ``from_pretrained`` onto the GPU: as the learner holds it (fp32 parameters,
 the optimizer's master copy, computing in bf16 under autocast) and, for generation, in bf16.
 
-- learner: ``actors.training.policy_gradient_step`` (the learner's own update: the default objective, a no-grad
+- learner: ``actors.learner.update.policy_gradient_step`` (the learner's own update: the default objective, a no-grad
   proximal forward and ``minibatches`` forward-backward passes, AdamW; ``--microbatch-tokens`` its
   ``max_tokens_per_microbatch``) on synthetic single-turn batches of ``--batch`` rows of ``--seq-len`` tokens, one
   warm-up update, then ``--steps`` timed ones.
@@ -20,10 +20,10 @@ the optimizer's master copy, computing in bf16 under autocast) and, for generati
   parameters of the linear layers, the LM head included; attention's own score FLOPs not counted) over the time,
   against the GPU's dense bf16 peak, looked up by its name (``--peak-tflops`` for another).
 - peak memory: ``torch.cuda.max_memory_allocated`` over the learner's updates.
-- generation: ``actors.engines.hf.sample`` of ``--gen-tokens`` tokens for ``--gen-batch`` prompts of 32 tokens.
+- generation: ``actors.rollout.hf_engine.sample`` of ``--gen-tokens`` tokens for ``--gen-batch`` prompts of 32 tokens.
 - publish: serialising the learner's every parameter (fp32) to safetensors bytes on the host, exactly what
   ``streams.weights.weights_to_bytes`` does (the same call, repeated here because ``streams.weights`` imports trio;
-  ``tests/unit/test_random_models.py`` checks that the bytes are the same).
+  ``tests/models/test_random_models.py`` checks that the bytes are the same).
 
 It imports torch, transformers, tokenizers, safetensors, numpy, pyarrow and PyYAML, and nothing of Ray, vLLM,
 ZeroMQ or trio (a unit test checks). The last line is
@@ -44,7 +44,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from actors.engines.random_model import BUILTIN, ModelShape, ensure_random_model, parameter_count  # noqa: E402
+from actors.models.random_model import BUILTIN, ModelShape, ensure_random_model, parameter_count  # noqa: E402
 
 # Dense bf16 tensor-core peaks (no sparsity), TFLOP/s, by a part of the device's name; the first match counts.
 BF16_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("H800", 989.0),
@@ -96,7 +96,7 @@ class Completion:  # what single_turn_batch reads of a completion
 
 def synthetic_batch(rows: int, seq_len: int, token_range: int, vocab_size: int, generator: torch.Generator):
     """Single-turn episodes of ``seq_len`` tokens (a quarter of them the action), returns +-1."""
-    from actors.training import single_turn_batch
+    from actors.learner.update import single_turn_batch
 
     action = max(1, seq_len // 4)
     ids = torch.randint(2, token_range, (rows, seq_len), generator=generator).tolist()
@@ -112,7 +112,7 @@ def synchronize(device: torch.device) -> None:
 
 
 def measure_learner(model, args, token_range: int, device: torch.device, compute_dtype: torch.dtype) -> dict:
-    from actors.training import Objective, TrainerState, policy_gradient_step
+    from actors.learner.update import Objective, TrainerState, policy_gradient_step
 
     objective, state = Objective(), TrainerState()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -140,7 +140,7 @@ def measure_learner(model, args, token_range: int, device: torch.device, compute
 
 
 def measure_generation(model, args, token_range: int, eos_id: int, pad_id: int, device: torch.device) -> dict:
-    from actors.engines.hf import sample
+    from actors.rollout.hf_engine import sample
 
     generator = torch.Generator().manual_seed(1)
     prompts = torch.randint(2, token_range, (args.gen_batch, PROMPT_TOKENS), generator=generator).tolist()
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from actors.engines.devices import resolve_device, resolve_dtype
+    from actors.models.devices import resolve_device, resolve_dtype
 
     hf_logging.disable_progress_bar()
     device = resolve_device(args.device)

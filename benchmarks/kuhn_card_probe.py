@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from league import kuhn_prompt  # noqa: E402 (the benchmark's prompt of an OpenSpiel information state)
 
-from actors.engines.base_model import ensure_base_model, load_policy, tiny_model_config  # noqa: E402
+from actors.models.base_model import ensure_base_model, load_policy, tiny_model_config  # noqa: E402
 from actors.cli import load_config  # noqa: E402
 
 TERMINAL = {"pp": lambda w: w, "pbp": lambda w: -1, "pbb": lambda w: 2 * w, "bp": lambda w: 1, "bb": lambda w: 2 * w}

@@ -37,10 +37,10 @@ from pathlib import Path
 
 import torch
 
-from actors.engines.base_model import ensure_base_model, load_policy, tiny_model_config
+from actors.models.base_model import ensure_base_model, load_policy, tiny_model_config
 from actors.cli import load_config
 from actors.runs.driver import Driver
-from actors.leagues.table import format_table
+from actors.league.table import format_table
 from envs.kuhn_poker import CARDS, KuhnPoker
 
 QUICK = ["run.minutes=0.25", "run.log_every_s=1", "eval.games_per_seat=10", "eval.endpoint_games_per_seat=10",

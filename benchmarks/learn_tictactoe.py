@@ -18,7 +18,7 @@ import logging
 import sys
 import time
 
-from actors.engines.base_model import ensure_base_model, tiny_model_config
+from actors.models.base_model import ensure_base_model, tiny_model_config
 from actors.cli import load_config
 from actors.cli import launch
 

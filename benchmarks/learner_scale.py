@@ -6,7 +6,7 @@ On a random-init model of ``--shape`` (default ``configs/model/random_25m.yaml``
 same synthetic batches:
 - the weights after two updates on 2 gloo ranks (FSDP2) against 1 rank: the largest absolute difference;
 - the weights after two updates with micro-batches of a small token budget against none (rows more than 2x apart
-  in length still get passes of their own, ``actors/microbatches.py``): the same;
+  in length still get passes of their own, ``actors/learner/microbatches.py``): the same;
 - tidal's learner (``Trainer.update``: collate, advantages, decoupled PPO, statistics) against a plain torch loop
   doing the same work (one no-grad forward for the proximal policy, one forward-backward per minibatch, AdamW;
   tidal cuts a minibatch where row lengths differ over 2x, the plain loop pads it whole),
@@ -35,12 +35,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actors import trainer_processes  # noqa: E402
-from actors.engines.random_model import ModelShape, ensure_random_model, parameter_count  # noqa: E402
-from actors.learner import LearnerConfig  # noqa: E402
-from actors.microbatches import Shard  # noqa: E402
-from actors.trainer import Trainer  # noqa: E402
-from actors.training import Objective, action_logprobs, collate  # noqa: E402
+from actors.learner import local_group  # noqa: E402
+from actors.models.random_model import ModelShape, ensure_random_model, parameter_count  # noqa: E402
+from actors.learner.actor import LearnerConfig  # noqa: E402
+from actors.learner.microbatches import Shard  # noqa: E402
+from actors.learner.trainer import Trainer  # noqa: E402
+from actors.learner.update import Objective, action_logprobs, collate  # noqa: E402
 from algos.losses import decoupled_ppo_loss, token_logprobs  # noqa: E402
 from streams.schema import Columns, trajectory_table  # noqa: E402
 
@@ -146,10 +146,10 @@ def main() -> None:
     tables = [batch_table(seed, args.rows, vocab) for seed in range(2)]
 
     started = time.perf_counter()
-    one = trainer_processes.train(cfg, 1, tables)
-    two = trainer_processes.train(cfg, 2, tables)
+    one = local_group.train(cfg, 1, tables)
+    two = local_group.train(cfg, 2, tables)
     dp2_diff = largest_difference(one["weights"], two["weights"])
-    moved = largest_difference(one["weights"], trainer_processes.train(cfg, 1, [])["weights"])
+    moved = largest_difference(one["weights"], local_group.train(cfg, 1, [])["weights"])
     if moved < args.lr:  # an AdamW step moves a weight by about lr
         raise SystemExit(f"the updates did not move the weights ({moved:.1e}): nothing to compare")
     memory_ratio = max(state_bytes(m) for m in two["memory"]) / state_bytes(one["memory"][0])
@@ -159,7 +159,7 @@ def main() -> None:
           f"({time.perf_counter() - started:.0f} s)", flush=True)
 
     started = time.perf_counter()
-    cut = trainer_processes.train(dataclasses.replace(cfg, max_tokens_per_microbatch=args.budget), 1, tables)
+    cut = local_group.train(dataclasses.replace(cfg, max_tokens_per_microbatch=args.budget), 1, tables)
     micro_diff = largest_difference(one["weights"], cut["weights"])
     print(f"micro-batches of {args.budget} tokens ({cut['stats'][-1]['microbatches']} passes) vs no budget: "
           f"largest weight difference {micro_diff:.2e} ({time.perf_counter() - started:.0f} s)", flush=True)

@@ -4,7 +4,7 @@
 
 A role game mixes rows of very different lengths in one minibatch: in ``propose_solve`` a proposer's row (its
 prompt shows earlier tasks) is about 230 tokens, a solver's about 60, one proposer to four solvers. Padded all to
-the longest, a minibatch costs the learner about three times its tokens. ``actors/microbatches.py`` starts a
+the longest, a minibatch costs the learner about three times its tokens. ``actors/learner/microbatches.py`` starts a
 new micro-batch wherever a row is at most half its micro-batch's longest (``MAX_SPREAD``).
 
 On the tiny model's shape (``configs/model/tiny.yaml``, random weights) and one synthetic batch of those lengths,
@@ -39,8 +39,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actors import microbatches  # noqa: E402
-from actors.training import Objective, TrainerState, policy_gradient_step, single_turn_batch  # noqa: E402
+from actors.learner import microbatches  # noqa: E402
+from actors.models import padding  # noqa: E402
+from actors.learner.update import Objective, TrainerState, policy_gradient_step, single_turn_batch  # noqa: E402
 
 
 def mixed_prompts(rows: int, long_share: float, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -73,7 +74,7 @@ def tiny_model(vocab: int):
 
 def update(model, batch, spread: float, advantage: str = "grpo") -> tuple[float, int]:
     """One update with ``MAX_SPREAD = spread``: (seconds, micro-batches)."""
-    microbatches.MAX_SPREAD = spread
+    padding.MAX_SPREAD = spread
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4)
     start = time.perf_counter()
     stats = policy_gradient_step(model, optimizer, batch, Objective(minibatches=2, advantage=advantage),
@@ -84,8 +85,8 @@ def update(model, batch, spread: float, advantage: str = "grpo") -> tuple[float,
 def generation_times(model, prompts: list[list[int]], max_new_tokens: int) -> tuple[float, float]:
     """Seconds to sample every prompt in one padded pass, and in passes of lengths within 2x (as the rollout
     actor's ``_generate`` groups them)."""
-    from actors.engines.hf import sample
-    from actors.microbatches import cut
+    from actors.rollout.hf_engine import sample
+    from actors.models.padding import cut
 
     lengths = [len(p) for p in prompts]
     longest_first = sorted(range(len(prompts)), key=lambda i: -lengths[i])
@@ -114,7 +115,7 @@ def idle_rows(base, args, vocab: int) -> str:
         for name in times:
             microbatches.trained_rows = default if name == "trained rows" else every_row
             model = copy.deepcopy(base)
-            seconds, passes = update(model, batch, microbatches.MAX_SPREAD, advantage="grpo_mean")
+            seconds, passes = update(model, batch, padding.MAX_SPREAD, advantage="grpo_mean")
             times[name].append(seconds)
             weights[name] = model
             print(f"round {round_ + 1}: {name} ({returns.count(0.0)} of {len(returns)} idle): {seconds:.2f} s, "
@@ -133,7 +134,7 @@ def main() -> None:
     parser.add_argument("--idle-share", type=float, default=0.5, help="share of rows with advantage 0")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the learner's default (learner.args.threads)
-    vocab, default = 320, microbatches.MAX_SPREAD
+    vocab, default = 320, padding.MAX_SPREAD
     batch, base = mixed_batch(args.rows, args.long_share, vocab), tiny_model(vocab)
     times = {"one pass": [], "split": []}
     weights = {}
@@ -145,7 +146,7 @@ def main() -> None:
             times[name].append(seconds)
             weights[name] = model
             print(f"round {round_ + 1}: {name}: {seconds:.2f} s, {passes} passes")
-    microbatches.MAX_SPREAD = default
+    padding.MAX_SPREAD = default
     prompts = mixed_prompts(args.rows // 2, args.long_share, vocab, seed=1)  # a rollout batch: about 32 episodes' asks
     generation = [generation_times(base, prompts, 16) for _ in range(args.rounds)]
     for round_, (whole, split) in enumerate(generation):

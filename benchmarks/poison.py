@@ -29,14 +29,14 @@ from pathlib import Path
 import pyarrow as pa
 import trio
 
-import actors.trainer
-from actors.engines.base_model import TinyModelConfig, ensure_base_model
-from actors.host import LocalCluster
-from actors.league import JOURNAL_FILE, LeagueActor, LeagueConfig
-from actors.learner import LearnerActor, LearnerConfig
-from actors.replay import ReplayActor, ReplayConfig
-from actors.reward import RewardActor, RewardConfig
-from actors.topology import model_vocab_size
+import actors.learner.trainer
+from actors.models.base_model import TinyModelConfig, ensure_base_model
+from actors.runs.host import LocalCluster
+from actors.league.actor import JOURNAL_FILE, LeagueActor, LeagueConfig
+from actors.learner.actor import LearnerActor, LearnerConfig
+from actors.replay.actor import ReplayActor, ReplayConfig
+from actors.reward.actor import RewardActor, RewardConfig
+from actors.runs.topology import model_vocab_size
 from streams.channels import ZmqTransport
 from streams.endpoints import Outbox
 from streams.messages import MatchResult
@@ -160,7 +160,7 @@ def run(rounds: int = 2, quiet: bool = False, model: str | None = None) -> dict:
     model = model or str(ensure_base_model("~/.cache/tidal/models", MODEL))
     vocab = model_vocab_size(model)
     trained: list[pa.Table] = []
-    collate = actors.trainer.collate
+    collate = actors.learner.trainer.collate
 
     def recording_collate(table, pad_id):  # what reaches the model, exactly
         trained.append(table)
@@ -169,7 +169,7 @@ def run(rounds: int = 2, quiet: bool = False, model: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="tidal-poison-") as scratch:
         root = Path(scratch)
         cluster = LocalCluster(transport="zmq")
-        actors.trainer.collate = recording_collate
+        actors.learner.trainer.collate = recording_collate
         try:
             learner = cluster.spawn("learner", LearnerActor, LearnerConfig(
                 model_path=model, max_staleness=10**6, announce_every_s=0.2), peers={})
@@ -237,7 +237,7 @@ def run(rounds: int = 2, quiet: bool = False, model: str | None = None) -> dict:
                     learner_rejected[reason] = learner_rejected.get(reason, 0) + n
         finally:
             cluster.shutdown()
-            actors.trainer.collate = collate
+            actors.learner.trainer.collate = collate
         in_spill = sum(marked(t) for t in spilled(root / "replay"))
         in_batches = sum(marked(t) for t in trained)
         journal = [json.loads(line) for line in (root / "league" / JOURNAL_FILE).read_text().splitlines()]

@@ -175,7 +175,7 @@ def expert_ceiling(base: Path, steps: int, exclude: set, out: Path, pairs: int =
     (2 to 4 numbers, an evenly drawn reachable target) outside ``exclude``, saved to ``out``."""
     import dataclasses
 
-    from actors.engines.base_model import TinyModelConfig, load_policy, warm_up
+    from actors.models.base_model import TinyModelConfig, load_policy, warm_up
     from envs.propose_solve import ProposeSolve
     from envs.task_buffer import task_key
 
@@ -306,7 +306,7 @@ def last_third(run_dir: Path) -> tuple[float | None, float | None]:
 
 def main(argv: list[str]) -> int:
     from actors.cli import launch, load_config
-    from actors.engines.base_model import ensure_base_model, tiny_model_config
+    from actors.models.base_model import ensure_base_model, tiny_model_config
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short in-process run, 40 held-out tasks")

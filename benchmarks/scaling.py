@@ -33,7 +33,7 @@ import time
 
 from actors.cli import load_config
 from actors.runs.control import send_scale
-from actors.runs.monitor import episodes_per_s
+from actors.observe.monitor import episodes_per_s
 from actors.runs.driver import Driver
 
 SETTLE_S = 3.0  # after the env actors started sending to the joining actors: their queues fill

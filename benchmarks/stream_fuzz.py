@@ -38,14 +38,14 @@ if __name__ == "__main__":  # a script: the repository's packages first (`stream
 import trio  # noqa: E402
 import zmq  # noqa: E402
 
-from actors.engines.base_model import TinyModelConfig, ensure_base_model  # noqa: E402
-from actors.env import EnvActor, EnvConfig  # noqa: E402
-from actors.host import LocalCluster  # noqa: E402
-from actors.league import LeagueActor, LeagueConfig  # noqa: E402
-from actors.learner import LearnerActor, LearnerConfig  # noqa: E402
-from actors.replay import ReplayActor, ReplayConfig  # noqa: E402
-from actors.reward import RewardActor, RewardConfig  # noqa: E402
-from actors.rollout import RolloutActor, RolloutConfig  # noqa: E402
+from actors.models.base_model import TinyModelConfig, ensure_base_model  # noqa: E402
+from actors.env.actor import EnvActor, EnvConfig  # noqa: E402
+from actors.runs.host import LocalCluster  # noqa: E402
+from actors.league.actor import LeagueActor, LeagueConfig  # noqa: E402
+from actors.learner.actor import LearnerActor, LearnerConfig  # noqa: E402
+from actors.replay.actor import ReplayActor, ReplayConfig  # noqa: E402
+from actors.reward.actor import RewardActor, RewardConfig  # noqa: E402
+from actors.rollout.actor import RolloutActor, RolloutConfig  # noqa: E402
 from benchmarks.fixtures import trajectory_batch  # noqa: E402
 from streams.endpoints import Inbox, Outbox  # noqa: E402
 from streams.messages import (  # noqa: E402

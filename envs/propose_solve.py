@@ -212,7 +212,7 @@ class ProposeSolve:
 
     def simultaneous_players(self) -> list[int]:
         """Once the task is set, the solvers still to answer: none sees another's answer, so their moves are
-        asked together (``actors.episode``), played in seat order."""
+        asked together (``actors.env.episode``), played in seat order."""
         return [] if self.done or self.turn == 0 else list(range(self.turn, self.num_players))
 
     def task_text(self) -> str:

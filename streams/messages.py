@@ -116,7 +116,7 @@ class VersionAnnounced:
     """The learner of ``policy_id`` is now at ``version``, in its ``life``: its starts in this life of the run,
     0 the first. A restarted learner (from an older checkpoint) announces lower versions in a higher life, and
     its followers take them: the versions of a dead life are nobody's any more. ``eta``: the staleness bound
-    admission holds to from now on (actors/staleness_control.py)."""
+    admission holds to from now on (actors/learner/staleness.py)."""
 
     policy_id: str
     version: int

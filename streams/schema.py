@@ -24,7 +24,7 @@ class Columns:
     TURN = "turn"
     AGENT = "agent"  # seat / role in the game
     MATCHUP = "matchup"  # who sat where, e.g. "main,random", and a drawn task type ("main,main/a+b"): baselines are
-    # kept per (matchup, agent) (actors.episode.matchup)
+    # kept per (matchup, agent) (actors.env.episode.matchup)
     POLICY_ID = "policy_id"
     PROMPT_IDS = "prompt_ids"
     ACTION_IDS = "action_ids"

@@ -10,7 +10,7 @@ step the history starts again, so each decision sees the effect of the last. Its
 
 from __future__ import annotations
 
-from actors.config import AutoscaleConfig
+from actors.runs.config import AutoscaleConfig
 
 
 def autoscale_target(cfg: AutoscaleConfig, actors: int, history: list[tuple[int, float]]) -> int:

@@ -27,21 +27,21 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from actors.config import RunConfig
-from actors.engines.base_model import ensure_base_model, tiny_model_config
-from actors.engines.random_model import ensure_random_model, random_model_config
-from actors.launcher import open_cluster
+from actors.runs.config import RunConfig
+from actors.models.base_model import ensure_base_model, tiny_model_config
+from actors.models.random_model import ensure_random_model, random_model_config
+from actors.runs.ray_cluster import open_cluster
 from actors.runs.control import ControlServer
 from actors.runs.evaluations import Evaluations
 from actors.runs.inherited import count_inherited, release_inherited
 from actors.runs.league_steward import LeagueSteward
-from actors.runs.monitor import MetricsLog, plot_learning_curve
+from actors.observe.monitor import MetricsLog, plot_learning_curve
 from actors.runs.recovery import (GroupRecovery, RestartLimit, RestartsExhausted, call_unless_dead, restart_env,
                                   statistics_or_recover)
 from actors.runs.scaling import Scaler
-from actors.runs.tensorboard import TensorBoardLog
-from actors.runs.wandb_log import WandbLog
-from actors.topology import Topology, build_topology
+from actors.observe.tensorboard import TensorBoardLog
+from actors.observe.wandb_log import WandbLog
+from actors.runs.topology import Topology, build_topology
 from streams.private_files import SHM_DIR, sweep_stale
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from actors.config import EvalSection
+from actors.runs.config import EvalSection
 
 POLICY = "policy"  # the env actors' own policy (a single-policy run's player)
 

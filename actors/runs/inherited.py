@@ -1,10 +1,10 @@
-"""A resumed run's replay took over the previous life's live episodes and batches (`actors.replay`): the env actors
+"""A resumed run's replay took over the previous life's live episodes and batches (`actors.replay.actor`): the env actors
 count them as started, so that new episodes wait for the learner to consume them and the staleness bound holds;
 and replay holds them back until the run starts training (``release_inherited``), so that its resume evaluation
 is played by the checkpointed policy.
 
 They are spread over the env actors' admission shares as a scale of env actors spreads a total (``rebalance``,
-`actors.admission`): called before training starts, when each actor's count is its offset. Only the env actors'
+`actors.env.admission`): called before training starts, when each actor's count is its offset. Only the env actors'
 own policy (a league's first member) has its count moved: another member's replay may hold episodes taken over
 beyond its allowance, and its learner's staleness bound drops their tokens that fall too far behind (counted).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from actors.admission import admission_share
+from actors.env.admission import admission_share
 from actors.runs.recovery import call_unless_dead
 
 log = logging.getLogger(__name__)

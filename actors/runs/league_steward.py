@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from actors.league import load_state
+from actors.league.actor import load_state
 from actors.runs.recovery import call_unless_dead
-from actors.topology import Topology
+from actors.runs.topology import Topology
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ at its old addresses (``cluster.restart``), and nothing is lost or counted twice
 - a learner: from its last checkpoint (or the base model), as a new life (its followers take its versions even
   when lower than its predecessor's), and replay sends again the batches after its cursor.
 
-An actor dies of a kill or of a crash (its loop raised, and its process ended: ``actors/host.py``); either way it
+An actor dies of a kill or of a crash (its loop raised, and its process ended: ``actors/runs/host.py``); either way it
 is restarted, within a limit (``RestartLimit``).
 """
 
@@ -124,7 +124,7 @@ class GroupRecovery:
         batches after the checkpoint's data cursor, so it trains on each once. A learner group (any of its ranks
         died) starts again as a whole: the others wait in collectives that the dead one will never join. It is a
         new life: its followers take its versions, even below its predecessor's."""
-        from actors.learner import find_checkpoint
+        from actors.models.checkpoints import find_checkpoint
 
         resume = find_checkpoint(self.policy_dir) is not None
         self.learner_life += 1

@@ -16,10 +16,10 @@ import queue
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from actors.admission import admission_share
+from actors.env.admission import admission_share
 from actors.runs.autoscale import autoscale_target
 from actors.runs.recovery import call_unless_dead, statistics_or_recover
-from actors.topology import spawn_envs, spawn_rollouts
+from actors.runs.topology import spawn_envs, spawn_rollouts
 
 log = logging.getLogger(__name__)
 DRAIN_TIMEOUT_S = 300.0  # how long leaving env actors may take to finish their episodes in flight

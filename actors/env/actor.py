@@ -1,0 +1,368 @@
+"""EnvActor: runs many live episodes, each a trio task, and asks rollout actors for the policy's moves.
+
+It composes four parts, each in its own module:
+
+- ``actors.env.episode``: what one episode does (``play_episode``), given a game, its seats and a policy;
+- ``actors.env.policy_client``: the policy's moves asked of the rollout actors (``PolicyClient``);
+- ``actors.env.admission``: when a training episode may start, so that none falls too far behind the learner;
+- ``actors.env.matches``: where a training match comes from (self-play, or the league), chosen in ``run``.
+
+Training episodes play the match source's matches and go to the reward actor of the match's learner when
+they end; one that errored, or ended before the learner's turn, is never consumed and gives its admission
+back. Evaluation episodes seat the policy against a fixed opponent in each seat in turn; their results are
+kept in ``statistics()["evaluations"]`` and never trained on.
+
+Episode ids carry the run's ``life`` (a resumed run is a new one), so they never repeat in a run directory.
+A restarted env actor (``incarnation`` > 0) names its episodes and requests apart from its predecessor's, and
+counts as started what its predecessors delivered (``started_before``, see ``actors.env.admission``). With a
+``ledger_dir`` each training episode's id is appended to ``<ledger_dir>/<name>.txt`` once the reward actor has
+acknowledged it: the chaos benchmark's record of what was produced.
+
+In a league, ``peers`` holds ``league``, and ``rollout``/``reward`` map each member to its group: each seat's
+generation requests go to the rollout group of the seat's member, and the learner's rows to that member's
+reward actor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import itertools
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import trio
+
+from actors.env.admission import Admission
+from actors.env.deliveries import Deliveries
+from actors.env.episode import EpisodeCounts, EpisodeSettings, move_token_budget, play_episode
+from actors.env.evaluation import EvaluationTally
+from actors.env.policy_client import PolicyClient, TokenCodec, by_member, open_policy_client
+from actors.league.matchmaking import WEIGHTINGS, Payoff
+from actors.env.matches import Match, MatchSource, SelfPlayMatches, open_league_matches, seated, uniform_seats
+from envs.registry import OPPONENTS, make
+from streams.endpoints import Inbox, open_outboxes
+from streams.messages import VERSION_TOPIC, VersionAnnounced
+from streams.schema import Columns
+from streams.wire import Kind
+
+POLICY = "policy"
+TASKS_SAVE_S = 30.0  # how often a role game's task buffer is saved with the run
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EnvConfig:
+    tokenizer_path: str
+    env_name: str = "tictactoe"
+    policy_id: str = "main"
+    concurrency: int = 64  # live training episodes
+    temperature: float = 1.0
+    max_new_tokens: int = 8
+    max_prompt_tokens: int | None = None  # keep only the last this many prompt tokens (the model's context)
+    env_args: dict = field(default_factory=dict)  # the environment's own arguments, e.g. {"players": 4}
+    invalid_penalty: float = -1.0  # a forfeit: the mover's reward when it runs out of retries
+    max_retries: int = 0  # invalid actions a turn may retry (each costs retry_penalty) before the forfeit
+    retry_penalty: float = -0.1
+    max_staleness: int = 2  # eta: how many versions behind the learner a started episode may fall
+    batch_episodes: int = 64  # the learner's batch size B, for admission
+    admission_slot: tuple[int, int] = (0, 1)  # (i, n): this actor is i of n sharing the admission allowance
+    start_version: int = 0  # the learner's version when this actor starts (a resumed run's checkpoint)
+    start_versions: dict = field(default_factory=dict)  # a league: each member's start version
+    opponent: str = "random"  # the fixed opponent of the training games below
+    opponent_share: float = 0.0  # fraction of training games against ``opponent`` instead of the mirror
+    # The policy's seat in those games: "uniform", or a PFSP weighting (actors.league.matchmaking: hard, variance,
+    # linear_capped) over its decayed score in each seat against ``opponent``: more games where it is weaker.
+    opponent_seat: str = "uniform"
+    opponent_seat_decay: float = 0.995  # the per-game decay of those scores (about the last 200 games)
+    seed: int = 0
+    incarnation: int = 0  # how many times this actor was restarted in its run
+    # member -> training episodes its predecessors delivered in this run (a restart's admission)
+    started_before: dict = field(default_factory=dict)
+    # Its admission count beyond its own episodes: by default its share of start_version * batch_episodes (what
+    # the learner consumed before this life); after a rebalance (a scale of env actors), what the launcher says.
+    admission_offset: int | None = None
+    ledger_dir: str | None = None  # append each delivered training episode's id here (accounting)
+    life: str = ""  # this start of the run (a resumed run is a new life): episode ids carry it
+    tasks_dir: str | None = None  # a role game's task buffer is kept here with the run (``<name>.arrows``)
+
+    def __post_init__(self):
+        if self.policy_id in OPPONENTS:
+            raise ValueError(f"policy_id {self.policy_id!r} is the name of a fixed opponent; choose another")
+        if self.opponent_seat != "uniform" and self.opponent_seat not in WEIGHTINGS:
+            raise ValueError(f"opponent_seat {self.opponent_seat!r}: choose uniform or a PFSP weighting "
+                             f"({', '.join(WEIGHTINGS)})")
+        Payoff(self.opponent_seat_decay)  # checks the decay
+
+
+_FROZEN = []  # set once this process has frozen what it loaded
+
+
+def _freeze_what_is_loaded() -> None:
+    """Once a process: what is loaded by now (transformers, torch, the games) lives as long as the process, so it
+    goes out of the collector's reach (``gc.freeze``, after a collection: no garbage is frozen with it), and a full
+    collection no longer walks it: a third of the generation path's time went to those walks."""
+    if not _FROZEN:
+        gc.collect()
+        gc.freeze()
+        _FROZEN.append(True)
+
+
+class EnvActor:
+    """Training and evaluation episodes on one trio loop (see the module); the launcher wraps it for Ray."""
+
+    def __init__(self, cfg: EnvConfig, name: str = "env"):
+        self.cfg, self.name = cfg, name
+        self._ids = itertools.count()  # episodes: "<life>/<name>-<incarnation>-<n>" (see ``episode_id``)
+        self._rng = random.Random(cfg.seed)  # episode seeds, and the self-play source's draws
+        self._admission = Admission(
+            cfg.policy_id, max_staleness=cfg.max_staleness, batch_episodes=cfg.batch_episodes,
+            slot=cfg.admission_slot, versions=cfg.start_versions or {cfg.policy_id: cfg.start_version},
+            offset=cfg.admission_offset, started_before=cfg.started_before)
+        self._idle_games = [self._make_game()]  # also checks env_name and env_args now
+        self._num_players = self._idle_games[0].num_players
+        self._tasks = getattr(self._idle_games[0], "buffer", None)  # a role game's task buffer (envs.task_buffer)
+        self._counts = EpisodeCounts(self._num_players)
+        self._training = {"train_episodes": 0, "train_return_sum": 0.0,  # the policy's mean return over its seats
+                          "train_episodes_without_rows": 0}
+        self._evaluations: dict[str, EvaluationTally] = {}
+        self._training_on = trio.Event()  # set while training episodes may start
+        self._training_in_flight = 0
+        self._drained = False  # set by ``retire`` once every episode it started is delivered or given back
+        self._policy: PolicyClient | None = None
+        self._matches: MatchSource | None = None
+        self._nursery = None
+
+    async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        from transformers import AutoTokenizer  # heavy: loaded by the actor's process only
+
+        cfg = self.cfg
+        tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, cfg.tokenizer_path)
+        _freeze_what_is_loaded()
+        self.codec = TokenCodec(tokenizer)
+        budget = move_token_budget(self._idle_games[0], self.codec, cfg.max_new_tokens)
+        self._settings = EpisodeSettings(cfg.env_name, budget, cfg.max_prompt_tokens)
+        rollouts, rewards = (by_member(peers[key], cfg.policy_id) for key in ("rollout", "reward"))
+        topics = [VERSION_TOPIC + member.encode() for member in self._admission.members]
+        async with (
+            open_policy_client(transport, rollouts, name=self.name, own=cfg.policy_id, temperature=cfg.temperature,
+                               min_version=self._admission.version, incarnation=cfg.incarnation) as policy,
+            transport.open_subscriber(peers.get("versions", []), topics=topics) as versions,
+            open_outboxes(transport, rewards, Kind.EPISODES, self.name, capacity=16) as episodes,
+            self._open_matches(transport, peers) as matches,
+            trio.open_nursery() as nursery,
+        ):
+            self._episodes = episodes  # per member: its reward actor
+            self._deliveries = Deliveries(episodes)  # episodes to them, a batch of tables at a time
+            nursery.start_soon(self._deliveries.run)
+            self._versions_inbox = Inbox(versions, Kind.VERSION, VersionAnnounced.from_body, topic=True)
+            self._policy, self._matches, self._nursery = policy, matches, nursery
+            nursery.start_soon(self._admission.follow_versions, self._versions_inbox)
+            nursery.start_soon(self._train, matches)
+            if self._tasks is not None and cfg.tasks_dir:
+                nursery.start_soon(self._keep_tasks, Path(cfg.tasks_dir) / f"{self.name}.arrows")
+            task_status.started({"completions": policy.reply_to})
+
+    async def _keep_tasks(self, path: Path) -> None:
+        """The task buffer with the run: what an earlier life kept is loaded, and it is saved every TASKS_SAVE_S
+        and when the actor stops (atomically: a kill leaves the last save)."""
+        if path.exists():
+            try:
+                log.info("%s: task buffer %s: %s", self.name, path, self._tasks.load(path))
+            except ValueError as error:  # not a buffer of ours: the run goes on with what it has
+                log.warning("%s: task buffer %s not loaded: %s", self.name, path, error)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            while True:
+                await trio.sleep(TASKS_SAVE_S)
+                self._tasks.save(path)
+        finally:
+            self._tasks.save(path)
+
+    def _open_matches(self, transport, peers: dict):
+        """The match source: the league's when ``peers`` names one, else this policy's self-play."""
+        if "league" in peers:
+            return open_league_matches(transport, peers["league"], name=self.name, members=self._admission.members,
+                                       num_players=self._num_players)
+        cfg = self.cfg
+        return contextlib.nullcontext(SelfPlayMatches(
+            cfg.policy_id, self._num_players, self._rng, opponent=cfg.opponent, opponent_share=cfg.opponent_share,
+            opponent_seat=cfg.opponent_seat, opponent_seat_decay=cfg.opponent_seat_decay))
+
+    @property
+    def learner_version(self) -> int:
+        """The version of this actor's own policy's learner (``policy_id``)."""
+        return self._admission.version(self.cfg.policy_id)
+
+    @learner_version.setter
+    def learner_version(self, version: int) -> None:
+        self._admission.set_version(self.cfg.policy_id, version)
+
+    # -- control (called on the actor's loop) ---------------------------------------------------------
+
+    def set_training(self, on: bool) -> None:
+        """Start or stop starting new training episodes (episodes in flight finish)."""
+        if on:
+            self._training_on.set()
+        elif self._training_on.is_set():  # a new event only if it was on: ``_train`` may wait on this one
+            self._training_on = trio.Event()
+
+    def evaluate(self, tag: str, games_per_seat: int, opponent: str = "random", player: str = POLICY) -> None:
+        """Play ``games_per_seat`` games with ``player`` in each seat in turn and ``opponent`` in the others;
+        results under ``tag``. ``player`` is the policy, or a fixed opponent's name (to calibrate a measure:
+        how does minimax fare against random? or to host games with no model at all)."""
+        player = self.cfg.policy_id if player == POLICY else player
+        tally = self._evaluations[tag] = EvaluationTally(tag, opponent, games_per_seat)
+        seats = range(self._num_players)
+        matches = ((seat, seated(player, seat, opponent, self._num_players))
+                   for _ in range(games_per_seat) for seat in seats)
+        workers = min(self.cfg.concurrency, games_per_seat * len(seats))
+        self._nursery.start_soon(self._evaluate, tally, matches, workers)
+
+    def set_rollouts(self, addresses: list[str], member: str | None = None) -> None:
+        """Send ``member``'s (default: this actor's own policy's) requests to these rollout actors from now on
+        (a scale; see ``PolicyClient``)."""
+        self._policy.set_rollouts(addresses, member)
+
+    def rebalance(self, slot: tuple[int, int], delta: int) -> int:
+        """A scale of env actors: this actor's admission share and count move (see ``Admission.rebalance``).
+        Returns its admission offset, what a restart of it counts beyond the episodes it delivered."""
+        return self._admission.rebalance(slot, delta)
+
+    def retire(self) -> None:
+        """Leave the run (a scale-down): start no more training episodes, finish those in flight, and once
+        the reward actor has acknowledged every one, say ``drained`` in the statistics."""
+        self.set_training(False)
+        self._nursery.start_soon(self._drain)
+
+    async def _drain(self) -> None:
+        while self._training_in_flight:
+            await trio.sleep(0.02)
+        for outbox in self._episodes.values():
+            await outbox.channel.drain()
+        self._drained = True
+
+    def reissue(self) -> int:
+        """Send again every generation request still unanswered (a rollout actor died with some of them;
+        which ones, only it knew). A request answered twice counts once. Returns how many go out."""
+        return self._policy.reissue()
+
+    def reissue_match_request(self) -> bool:
+        """Send again the match request this actor waits on, if any (the league restarted); True if one goes out."""
+        return self._matches.reissue_request()
+
+    def statistics(self) -> dict:
+        return {
+            **self._counts.statistics(), **self._training, **self._admission.statistics(),
+            "training_in_flight": self._training_in_flight,
+            "drained": self._drained,
+            **self._running_statistics(),
+            "evaluations": [t.summary() for t in self._evaluations.values()],
+            **({"task_buffer": self._tasks.statistics()} if self._tasks is not None else {}),
+        }
+
+    def _running_statistics(self) -> dict:
+        """What the policy client, the match source and the streams say (zeros before ``run``)."""
+        if self._nursery is None:
+            return {"reissued_requests": 0, "duplicate_completions": 0, "request_frames": 0, "completion_frames": 0,
+                    "live_episodes": 0, "dropped_frames": 0,
+                    "stray_matches": 0, "reissued_match_requests": 0, "prompt_cache_hits": 0, "streams": {},
+                    "opponent_seat_probabilities": uniform_seats(self._num_players)}
+        policy = self._policy.statistics()
+        streams = {"completions": policy.pop("completions"), "versions": self._versions_inbox.statistics()}
+        return {**policy, **self._matches.statistics(), "prompt_cache_hits": self.codec.hits, "streams": streams}
+
+    # -- episodes --------------------------------------------------------------------------------------
+
+    async def _train(self, matches: MatchSource) -> None:
+        """Start training episodes, ``concurrency`` at a time, while training is on and admission allows."""
+        slots = trio.Semaphore(self.cfg.concurrency)
+        async with trio.open_nursery() as nursery:
+            while True:
+                await self._training_on.wait()
+                await slots.acquire()
+                while True:  # every free slot at once (no yield between starts: their first moves ask together)
+                    # decided once the slot is free: training may have stopped, or the shares moved, meanwhile
+                    if not self._training_on.is_set():
+                        slots.release()
+                        break
+                    admitted = self._admission.admitted()
+                    if not admitted:
+                        slots.release()
+                        await self._admission.wait_for_change()
+                        break
+                    match = await matches.next(admitted)
+                    self._admission.started(match.learner)
+                    self._training_in_flight += 1
+                    nursery.start_soon(self._train_one, slots, matches, match)
+                    try:
+                        slots.acquire_nowait()
+                    except trio.WouldBlock:
+                        break
+
+    async def _train_one(self, slots: trio.Semaphore, matches: MatchSource, match: Match) -> None:
+        try:
+            played = await self._play(match.seats, match.learner)
+            if played is not None and played[0]:
+                await self._deliver(match, *played)
+            else:  # errored, or over before the learner's turn (an opponent's forfeit with more than two
+                self._admission.given_back(match.learner)  # players): never consumed, so it gives its admission back
+                self._training["train_episodes_without_rows"] += played is not None
+            await matches.finished(match, played)
+        finally:
+            self._training_in_flight -= 1
+            slots.release()
+
+    async def _deliver(self, match: Match, rows: list[dict], returns: list[float]) -> None:
+        """The learner's rows to its reward actor (and the ledger)."""
+        policy_returns = [r for r, who in zip(returns, match.seats) if who == match.learner]
+        self._training["train_episodes"] += 1
+        self._training["train_return_sum"] += sum(policy_returns) / len(policy_returns)
+        await self._deliveries.deliver(match.learner, rows)
+        if self.cfg.ledger_dir:
+            await self._record_delivery(match.learner, rows[0][Columns.EPISODE_ID])
+
+    async def _record_delivery(self, learner: str, episode_id: str) -> None:
+        await self._episodes[learner].channel.drain()  # the reward actor has it, and replay before it acknowledged
+        with open(f"{self.cfg.ledger_dir}/{self.name}.txt", "a") as f:
+            f.write(episode_id + "\n")
+
+    async def _evaluate(self, tally: EvaluationTally, matches: Iterator[tuple[int, list[str]]], workers: int) -> None:
+        """``workers`` long-lived tasks share ``matches``: each plays the next one as soon as its game ends, so
+        every match is played exactly once, at most ``workers`` at a time, with no task started per game."""
+
+        async def worker():
+            for seat, seats in matches:  # next() never awaits: no two workers take the same match
+                played = await self._play(seats, learner=seats[seat])
+                if played is not None:  # an errored game is counted in statistics()["errored"], not as a result
+                    tally.add(seat, played[1], played[0])
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(workers):
+                nursery.start_soon(worker)
+        tally.finish()
+
+    async def _play(self, seats: list[str], learner: str) -> tuple[list[dict], list[float]] | None:
+        """One episode (``play_episode``) on an idle game: a finished game is reset and reused (making one can
+        cost more than playing it); one that raised is not."""
+        seed = self._rng.randrange(2**31)
+        game = self._idle_games.pop() if self._idle_games else self._make_game()
+        played = await play_episode(game, seats, self._policy.generate, self.codec, self._settings,
+                                    episode_id=self.episode_id(), seed=seed,
+                                    learner=learner, counts=self._counts)
+        if played is not None:
+            self._idle_games.append(game)
+        return played
+
+    def episode_id(self) -> str:
+        """A new episode's id, ``<life>/<name>-<incarnation>-<n>``: never the same twice in a run directory."""
+        own = f"{self.name}-{self.cfg.incarnation}-{next(self._ids)}"
+        return f"{self.cfg.life}/{own}" if self.cfg.life else own
+
+    def _make_game(self):
+        cfg = self.cfg
+        return make(cfg.env_name, invalid_penalty=cfg.invalid_penalty, max_retries=cfg.max_retries,
+                    retry_penalty=cfg.retry_penalty, **cfg.env_args)

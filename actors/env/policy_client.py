@@ -1,0 +1,199 @@
+"""Asking rollout actors for moves: a ``PolicyClient`` sends generation requests and routes the answers back.
+
+Each policy is served by its rollout group: a learning member's own group, and a snapshot ``<member>-v<n>`` by
+its member's group. Every request for a live member carries the learner version the env actor knows of as
+``min_version``: the rollout actor waits for those weights rather than sample with older ones, so with
+max_staleness = 0 training is exactly on-policy. A snapshot's weights are frozen: any version serves it.
+
+Requests go out in batches (``streams.generation_messages``): those the actor's episodes ask while the previous
+frame to a group is being sent wait together, and go in the next, so a thousand episodes cost a few frames a round,
+not a thousand; completions come back likewise.
+
+Request ids of a restarted env actor (``incarnation`` > 0) start apart from its predecessor's, so an answer to
+a dead actor's request is dropped here as a stray. A request stays in the waiting map until it is answered;
+``reissue`` sends every unanswered one again (a rollout actor died with some of them, and only it knew which),
+and an answer that comes twice counts once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+from typing import AsyncIterator, Callable
+
+import trio
+
+from actors.models.snapshots import parse_snapshot_id
+from streams.endpoints import Inbox, Outbox, open_outboxes
+from streams.messages import (Completion, GenerationRequest, Packed, decode_completions, encode_requests, packed_bytes,
+                             split_requests)
+from streams.wire import MAX_NEW_TOKENS, Kind
+
+GATHER_ROUNDS = 8  # scheduler rounds a frame of requests waits at most for more, while more keep coming
+
+
+class GenerationRefused(Exception):
+    """The rollout actor could not sample a request (e.g. vLLM refuses temperatures above 2): the episode
+    that asked is dropped, with the reason in the log, and counted as errored."""
+
+
+@contextlib.asynccontextmanager
+async def open_policy_client(transport, rollouts: dict[str, list[str]], *, name: str, own: str, temperature: float,
+                             min_version: Callable[[str], int], incarnation: int = 0) -> AsyncIterator[PolicyClient]:
+    """A ``PolicyClient`` sending to each member's rollout group in ``rollouts`` (``own``: this actor's own
+    policy), answered on a receiver of its own; its router and reissues run in its nursery until exit."""
+    async with (
+        transport.open_receiver(capacity=1024) as completions,
+        open_outboxes(transport, rollouts, Kind.GENERATE, name, capacity=1024) as requests,
+        trio.open_nursery() as nursery,
+    ):
+        client = PolicyClient(requests, Inbox(completions, Kind.COMPLETION, decode_completions),
+                              completions.address, nursery, own=own, rollouts=rollouts,
+                              temperature=temperature, min_version=min_version, incarnation=incarnation)
+        nursery.start_soon(client.route_completions)
+        for group in requests:
+            nursery.start_soon(client.send_requests, group)
+        yield client
+        nursery.cancel_scope.cancel()
+
+
+class PolicyClient:
+    """Generation requests out, completions back to the episode that waits on each (see the module)."""
+
+    def __init__(self, requests: dict[str, Outbox], completions: Inbox, reply_to: str, nursery, *, own: str,
+                 rollouts: dict[str, list[str]], temperature: float, min_version: Callable[[str], int], incarnation: int = 0):
+        self._requests, self._completions, self.reply_to, self._nursery = requests, completions, reply_to, nursery
+        self._own = own
+        self._rollouts = {m: list(a) for m, a in rollouts.items()}  # each group's actors: a scale changes them
+        self._temperature, self._min_version = temperature, min_version
+        self._request_ids = itertools.count(incarnation << 40)  # apart from any predecessor's
+        self._waiting: dict[int, tuple[trio.Event, list, GenerationRequest, str]] = {}  # id -> (done, completion,
+        # request, group)
+        self._pending: dict[str, list[tuple[GenerationRequest, bool]]] = {group: [] for group in requests}  # to send,
+        self._wake = {group: trio.Event() for group in requests}  # and whether each is a reissue
+        self.counts = {"reissued_requests": 0, "duplicate_completions": 0, "request_frames": 0,
+                       "completion_frames": 0}
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int, policy: str) -> Completion:
+        """A completion from ``policy``'s rollout group: a live member's at least at the version this actor
+        knows of; a snapshot's (frozen) from its member's group, at any version."""
+        if not prompt_ids or not 0 < max_tokens <= MAX_NEW_TOKENS:  # a frame with such a request would be refused
+            raise GenerationRefused(f"no request is sent for a prompt of {len(prompt_ids)} tokens and a budget of "
+                                    f"{max_tokens} new tokens (1 to {MAX_NEW_TOKENS})")  # whole: its episode drops
+        request_id = next(self._request_ids)
+        done, slot = trio.Event(), []
+        snapshot = parse_snapshot_id(policy) if policy not in self._requests else None
+        group = snapshot[0] if snapshot else policy
+        if group not in self._requests:
+            raise ValueError(f"no rollout group serves policy {policy!r} (groups: {sorted(self._requests)})")
+        request = GenerationRequest(request_id, self.reply_to, policy, prompt_ids, self._temperature, max_tokens,
+                                    0 if snapshot else self._min_version(policy))
+        self._waiting[request_id] = (done, slot, request, group)
+        self._post(group, request, False)
+        try:
+            await done.wait()
+        finally:
+            self._waiting.pop(request_id, None)
+        if slot[0].error:
+            raise GenerationRefused(f"the rollout actor refused generation request {request_id}: {slot[0].error}")
+        return slot[0]
+
+    def _post(self, group: str, request: GenerationRequest, reissue: bool) -> None:
+        self._pending[group].append((request, reissue))
+        self._wake[group].set()
+
+    async def send_requests(self, group: str) -> None:
+        """Send what ``group``'s episodes asked, a few frames at a time; a request answered or given up on while it
+        waited here is not sent."""
+        outbox = self._requests[group]
+        while True:
+            await self._wake[group].wait()
+            for _ in range(GATHER_ROUNDS):  # while episodes woken together keep asking, they go in this frame
+                asked = len(self._pending[group])
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                if len(self._pending[group]) == asked:
+                    break
+            self._wake[group] = trio.Event()
+            posted, self._pending[group] = self._pending[group], []
+            unanswered = [(r, again) for r, again in posted if not self._waiting.get(r.request_id, (0, True))[1]]
+            for batch in split_requests([request for request, _ in unanswered]):
+                await outbox.send(encode_requests(batch))
+                self.counts["request_frames"] += 1
+            self.counts["reissued_requests"] += sum(again for _, again in unanswered)
+
+    async def route_completions(self) -> None:
+        while True:
+            completions = await self._completions.receive()
+            self.counts["completion_frames"] += 1
+            for completion in completions:
+                waiter = self._waiting.get(completion.request_id)
+                if waiter is None or waiter[1]:  # a reissued request answered twice, or a stray: the first counts
+                    self.counts["duplicate_completions"] += 1
+                    continue
+                waiter[1].append(completion)
+                waiter[0].set()
+
+    def set_rollouts(self, addresses: list[str], member: str | None = None) -> None:
+        """Send ``member``'s requests (default: the own policy's) to these rollout actors from now on (a scale):
+        joining ones take work at once; a leaving one is sent nothing more, and what it was sent and had not
+        acknowledged is dropped here: the driver calls ``reissue`` once it is gone, and an answer that still
+        comes is counted once."""
+        member = member or self._own
+        if member not in self._requests:
+            raise ValueError(f"no rollout group of member {member!r} (groups: {sorted(self._requests)})")
+        sender, before = self._requests[member].channel, self._rollouts[member]
+        for address in set(before) - set(addresses):
+            sender.disconnect(address)
+        for address in addresses:
+            if address not in before:
+                sender.connect(address)
+        self._rollouts[member] = list(addresses)
+
+    def reissue(self) -> int:
+        """Send again every generation request still unanswered. Returns how many go out."""
+        unanswered = [(request, group) for _, slot, request, group in self._waiting.values() if not slot]
+        for request, group in unanswered:  # one answered (or ended) before it goes out is not sent
+            self._post(group, request, True)
+        return len(unanswered)
+
+    def statistics(self) -> dict:
+        completions = self._completions.statistics()
+        return {**self.counts, "live_episodes": len(self._waiting), "dropped_frames": completions["dropped_frames"],
+                "completions": completions}
+
+
+def by_member(peers: list[str] | dict[str, list[str]], policy_id: str) -> dict[str, list[str]]:
+    """Addresses per learning member: a league's map as it is, one policy's list under its id."""
+    return dict(peers) if isinstance(peers, dict) else {policy_id: list(peers)}
+
+
+class TokenCodec:
+    """Prompts to token ids and actions to text, through the fast tokenizer's core when there is one.
+
+    Prompts repeat (instructions, first observations, templated feedback), so their ids are cached by text
+    (``cache_size`` of them, least recently used out): the same ids ``tokenizer(prompt)`` gives.
+    """
+
+    def __init__(self, tokenizer, cache_size: int = 8192):
+        core = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
+        if core is not None:
+            self._encode_new = lambda text: _packed(core.encode(text).ids)
+            self.decode = lambda ids: core.decode(ids, skip_special_tokens=True)
+        else:
+            self._encode_new = lambda text: _packed(tokenizer(text)["input_ids"])
+            self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+        self._cached = functools.lru_cache(maxsize=cache_size)(self._encode_new)
+
+    def encode(self, text: str) -> list[int]:
+        """The ids (a ``Packed`` list of its own: the caller may keep it; their bytes are made once per prompt)."""
+        ids, packed = self._cached(text)
+        return Packed.of(ids, packed)
+
+    @property
+    def hits(self) -> int:
+        return self._cached.cache_info().hits
+
+
+def _packed(ids: list[int]) -> tuple[tuple[int, ...], bytes]:
+    return tuple(ids), packed_bytes([ids], "<i4")

@@ -1,0 +1,1 @@
+"""The league actor: a population of policies and frozen snapshots, matchmaking and ratings."""

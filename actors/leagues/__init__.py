@@ -1,1 +1,0 @@
-"""The league's domain: matchmaking (who plays whom, when a member is frozen) and the league table."""

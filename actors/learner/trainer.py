@@ -1,0 +1,310 @@
+"""The learner's model, optimizer and objective state on one rank of a learner group.
+
+A learner group is ``learner.ranks`` processes that train one policy data-parallel: the model is sharded
+over them with FSDP2 (``fully_shard``, one unit per transformer block) on torch.distributed, NCCL on GPUs and
+gloo on CPUs. Rank 0 is the ``LearnerActor``: it receives the batches, keeps the version and publishes weights;
+ranks 1.. (``LearnerRankActor``) follow it. Every method marked ``collective`` runs on every rank: on rank 0 it
+first broadcasts its name and arguments (a pickled message on a gloo group), and the other ranks, waiting in
+``serve``, run the same. With one rank nothing is broadcast and nothing is sharded.
+
+Each rank gets the whole batch, computes the same advantages (so its ``TrainerState`` stays the same as rank
+0's), and trains its share of each minibatch's rows (``actors/learner/microbatches.py``); FSDP sums the gradients.
+
+A checkpoint is a directory: the policy as a Hugging Face model (rank 0 gathers the full weights), the
+optimizer's state written by every rank with torch.distributed.checkpoint (``optimizer/``: it loads on any
+number of ranks), and ``trainer_state.pt`` (the version, the data cursor, baselines, counters), all of it read
+back as plain data, never unpickled objects (``actors/models/checkpoints.py``). The model's
+parameters stay fp32; ``dtype`` (bf16 on a GPU) is what its passes compute in (FSDP's mixed precision, or
+autocast with one rank), and log-probs are fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import logging
+import os
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from actors.models.checkpoints import FORMAT, OPTIMIZER_DIR, TRAINER_STATE, load_optimizer, load_trainer_state, plain_state_values, state_values_from_plain
+from actors.models.base_model import load_policy
+from actors.models.devices import resolve_device, resolve_dtype
+from actors.models.snapshots import write_snapshot
+from actors.learner.microbatches import Shard, control_group
+from actors.learner.update import TrainerState, collate, policy_gradient_step
+from streams.values import check_rows
+
+log = logging.getLogger(__name__)
+
+GROUP_TIMEOUT = timedelta(minutes=30)  # a collective that waits longer than this for a rank fails
+
+
+def open_rendezvous(host: str, world: int):
+    """Rank 0's store, on a free port of ``host``: the other ranks meet there (returns the store, 'host:port')."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False, timeout=GROUP_TIMEOUT)
+    return store, f"{host}:{store.port}"
+
+
+def join_group(shard: Shard, device: torch.device, rendezvous: str, store=None) -> None:
+    """Join the learner group's process group (rank 0 passes the store it opened)."""
+    import torch.distributed as dist
+
+    if store is None:
+        host, port = rendezvous.rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), shard.world, is_master=False, timeout=GROUP_TIMEOUT)
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", store=store, rank=shard.rank,
+                            world_size=shard.world, timeout=GROUP_TIMEOUT)
+    control_group()
+
+
+def shard_model(model, world: int, device: torch.device, dtype: torch.dtype) -> None:
+    """FSDP2 over the group: each transformer block (the model's ``_no_split_modules``) a unit, then the rest."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    precision = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    for module in list(model.modules()):
+        if type(module).__name__ in blocks:
+            fully_shard(module, mesh=mesh, mp_policy=precision)
+    fully_shard(model, mesh=mesh, mp_policy=precision)
+
+
+def collective(method):
+    """A method every rank runs: rank 0 tells the others first (see the module's docstring)."""
+
+    @functools.wraps(method)
+    def run(self, *args):
+        if self.shard.world == 1:
+            return method(self, *args)
+        with group_failure(self.shard):
+            if self.shard.rank == 0:
+                import torch.distributed as dist
+
+                dist.broadcast_object_list([(method.__name__, args)], src=0, group=control_group())
+            return method(self, *args)
+
+    return run
+
+
+@contextlib.contextmanager
+def group_failure(shard: Shard):
+    """A rank whose collective work fails leaves the group in an unknown state (the others may wait in a
+    collective it never joins): it ends its process, so that the run sees a dead actor and starts the group again
+    from its last checkpoint, instead of a live actor whose loop has stopped."""
+    try:
+        yield
+    except BaseException:
+        log.exception("rank %d of %d: the learner group failed; ending this process", shard.rank, shard.world)
+        logging.shutdown()
+        os._exit(70)
+
+
+class NonFiniteWeights(RuntimeError):
+    """The model holds a NaN or infinite parameter: it is not published, snapshotted or checkpointed."""
+
+
+class Trainer:
+    """One rank's share of the learner: ``cfg`` is the learner's ``LearnerConfig``.
+
+    ``update`` trains only on rows that pass ``streams.values.check_rows`` against the model's vocabulary and the
+    newest version any life of this learner can have published (``newest_version``; every rank checks the same
+    table the same way): nothing out of range reaches the model. The rows it rejects are counted by reason in the
+    update's statistics (``rejected_rows``).
+    """
+
+    def __init__(self, cfg, shard: Shard = Shard()):
+        self.cfg, self.shard = cfg, shard
+        self.device = resolve_device(cfg.device, local_rank=shard.rank)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.state = TrainerState()
+        self.model = self.tokenizer = self.optimizer = self.reference = None
+        self._fresh_optimizer = None  # the optimizer's state before any update: what a reset goes back to
+        self._anchors: list[dict] = []  # weights a guard's rollback goes back to (actors/learner/staleness.py)
+
+    @collective
+    def load(self, checkpoint: Path | None) -> dict | None:
+        """The model from ``checkpoint`` (else the base model), sharded over the group, and the optimizer and
+        objective state saved with it; returns the checkpoint's ``trainer_state`` (None without one)."""
+        torch.set_num_threads(self.cfg.threads)
+        torch.manual_seed(self.cfg.seed)
+        self.model, self.tokenizer = self._policy(checkpoint or self.cfg.model_path)
+        if self.cfg.objective.anchored:
+            self.reference = load_policy(self.cfg.model_path)[0].to(self.device)  # forward only: not sharded
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=0.0)
+        self._fresh_optimizer = copy.deepcopy(self.optimizer.state_dict())
+        if checkpoint is None:
+            return None
+        saved = load_trainer_state(checkpoint / TRAINER_STATE)
+        if saved.get("optimizer_fresh"):
+            pass  # saved before any step since its start or a reset: the fresh optimizer it is
+        elif (checkpoint / OPTIMIZER_DIR).exists():
+            self._load_optimizer(checkpoint / OPTIMIZER_DIR)
+        elif "optimizer" in saved and self.shard.world == 1:  # a checkpoint from before the optimizer moved
+            self.optimizer.load_state_dict(saved["optimizer"])
+        else:
+            raise FileNotFoundError(f"{checkpoint} holds no optimizer state that {self.shard.world} ranks can load")
+        self.state = TrainerState(role_ids=saved["role_ids"], baselines=saved["baselines"],
+                                  state_values=state_values_from_plain(saved.get("state_values")))
+        return saved
+
+    def _policy(self, path):
+        model, tokenizer = load_policy(path)
+        model.to(self.device)  # fp32 parameters: the optimizer's master copy
+        if self.cfg.activation_checkpointing:
+            model.gradient_checkpointing_enable()
+            model.config.use_cache = False
+        if self.shard.world > 1:
+            shard_model(model, self.shard.world, self.device, self.dtype)
+        return model, tokenizer
+
+    def _load_optimizer(self, path: Path) -> None:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+        state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
+        load_optimizer(state, path)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+
+    def update(self, table, lr: float, version: int) -> dict:
+        """One update on ``table``'s usable rows. Rank 0 (or a learner alone) checks them with its own config (a
+        restarted group's other ranks keep their first one) and sends the group only what passed."""
+        checked = check_rows(table, vocab_size=self.model.get_input_embeddings().num_embeddings,
+                             max_version=self.newest_version(version))
+        rejected = {"rejected_rows": checked.rejected_rows, "rejected_by_reason": checked.rejected}
+        if checked.rejected:
+            log.warning("%d rows of a batch not trained on, by reason %s; e.g. %s", checked.rejected_rows,
+                        checked.rejected, checked.example)
+        if not checked.table.num_rows:
+            return {**rejected, "tokens": 0, "rows": 0, "skipped_steps": 0}  # nothing to step on
+        return {**self.train(checked.table, lr, version), **rejected}
+
+    @collective
+    def train(self, table, lr: float, version: int) -> dict:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        batch = collate(table, self.tokenizer.pad_token_id)
+        # the minibatches' shuffle: the same on every rank, and again after a resume
+        generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + version)
+        compute = self.dtype if self.shard.world == 1 else None  # a sharded model casts by its own policy
+        return policy_gradient_step(self.model, self.optimizer, batch, self.cfg.objective, self.state,
+                                    temperature=self.cfg.temperature, reference=self.reference, version=version,
+                                    generator=generator, max_tokens_per_microbatch=self.cfg.max_tokens_per_microbatch,
+                                    shard=self.shard, compute_dtype=compute)
+
+    def newest_version(self, version: int) -> int | None:
+        """The newest policy version a token may carry when this learner is at ``version``: its own in the first
+        life of a fresh run; after a restart or a resume, the dead learner may have published up to
+        ``checkpoint_every`` versions past the checkpoint this one started from (its tokens are trained, with a
+        negative staleness: docs/faults-and-scaling.md); without periodic checkpoints, no bound is known."""
+        if self.cfg.life == 0 and not self.cfg.resume:
+            return version
+        every = self.cfg.checkpoint_every if self.cfg.save_dir else 0
+        return version + every if every else None
+
+    @collective
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The full weights, on rank 0 (on the CPU for a sharded model; the others get an empty dict); checked
+        first: ``NonFiniteWeights`` rather than a NaN published, snapshotted or checkpointed."""
+        if self.shard.world == 1:
+            return finite({name: p.detach() for name, p in self.model.named_parameters()})
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        names = [name for name, _ in self.model.named_parameters()]  # tied weights once, as with one rank
+        return finite({name: full[name] for name in names}) if self.shard.rank == 0 else {}
+
+    @collective
+    def save(self, directory: Path, trainer_state: dict) -> None:
+        """A checkpoint in ``directory`` (made anew): every rank writes its optimizer shard, rank 0 the rest."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        if self.shard.rank == 0:
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+        full = self.full_state.__wrapped__(self)
+        if self.shard.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=control_group())  # the directory exists before any rank writes into it
+        # an optimizer that took no step yet (a reset's, or before the first update) has no state to save; and
+        # torch would make one up (a zero step) only where no gradient is left over: so none is saved, and said so
+        fresh = not self.optimizer.state
+        if not fresh:
+            dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
+                     checkpoint_id=str(directory / OPTIMIZER_DIR))
+        if self.shard.rank == 0:
+            self.model.save_pretrained(directory, state_dict=full)
+            self.tokenizer.save_pretrained(directory)
+            torch.save({**trainer_state, "format": FORMAT, "optimizer_fresh": fresh, "role_ids": self.state.role_ids,
+                        "baselines": self.state.baselines, "state_values": plain_state_values(self.state.state_values)},
+                       directory / TRAINER_STATE)
+
+    @collective
+    def snapshot(self, path: Path) -> None:
+        full = self.full_state.__wrapped__(self)
+        if self.shard.rank == 0:
+            write_snapshot(self.model, self.tokenizer, path, state_dict=full)
+
+    @collective
+    def reset(self) -> None:
+        """Back to the base model's weights, a fresh optimizer and fresh baselines."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        base, _ = load_policy(self.cfg.model_path)
+        set_model_state_dict(self.model, base.state_dict(), options=StateDictOptions(full_state_dict=True))
+        self.optimizer.load_state_dict(self._fresh_optimizer)
+        self.state = TrainerState()
+
+    @collective
+    def keep_anchor(self) -> None:
+        """Hold the current weights (each rank its shards) as the newest anchor a guard's rollback returns to;
+        two are kept, a rollback takes the older."""
+        weights = {name: value.detach().clone() for name, value in self.model.state_dict().items()}
+        self._anchors = [*self._anchors, weights][-2:]
+
+    @collective
+    def restore_anchor(self) -> None:
+        """Back to the older anchor's weights, with a fresh optimizer (its moments belong to the collapse)."""
+        self.model.load_state_dict(self._anchors[0])
+        self.optimizer.load_state_dict(self._fresh_optimizer)
+        self._anchors = self._anchors[:1]
+
+    def stop_group(self) -> None:
+        """Rank 0: let the other ranks' ``serve`` return."""
+        if self.shard.world > 1 and self.shard.rank == 0:
+            import torch.distributed as dist
+
+            dist.broadcast_object_list([("stop", ())], src=0, group=control_group())
+
+    def serve(self) -> None:
+        """Ranks 1..: run what rank 0 runs, until it says stop."""
+        import torch.distributed as dist
+
+        while True:
+            message = [None]
+            with group_failure(self.shard):
+                dist.broadcast_object_list(message, src=0, group=control_group())
+                name, args = message[0]
+                if name == "stop":
+                    return
+                getattr(Trainer, name).__wrapped__(self, *args)
+
+
+def finite(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``weights``, if every value is finite; else ``NonFiniteWeights`` naming the first tensor that is not."""
+    if not weights:
+        return weights
+    norms = torch._foreach_norm(list(weights.values()))  # inf or NaN if any element is
+    if bool(torch.isfinite(torch.stack([n.float() for n in norms])).all()):
+        return weights
+    name = next(name for name, n in zip(weights, norms) if not torch.isfinite(n))
+    raise NonFiniteWeights(f"parameter {name} holds a NaN or infinite value: these weights are not published")

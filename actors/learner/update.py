@@ -1,0 +1,397 @@
+"""From a training batch (an Arrow table of agent-turns) to one policy-gradient update.
+
+``Objective`` names the advantage estimator and the loss (pure functions in ``algos/``) and their
+settings; ``policy_gradient_step`` computes returns, advantages and the loss, and steps the optimizer."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from algos.advantages import (StateValues, discounted_returns, grpo_advantages, rae_advantages, rebn_advantages,
+                              role_group_advantages, state_advantages)
+from algos.losses import (decoupled_ppo_loss, entropy_bonus, kl_cost_to_go, kl_penalty, ppo_clip_loss,
+                          reinforce_loss, token_logprobs, truncated_is_loss)
+from actors.learner import microbatches
+from actors.learner.microbatches import Shard
+from streams.schema import Columns, trajectory_table
+
+LOSSES = ("decoupled_ppo", "ppo", "truncated_is", "reinforce")
+ADVANTAGES = ("rae", "rae_state", "grpo", "grpo_mean", "rebn", "role_grpo")
+KL_ESTIMATORS = ("loss", "reward")
+IS_LOG2_BINS = (-4.0, 4.0, 16)  # is_weight_hist: log2 of w in 16 bins over [1/16, 16] (beyond: the outer bins)
+NONFINITE_LOSS = "nonfinite_loss_max"  # while a minibatch runs: 1 if a micro-batch's loss was not finite
+
+
+@dataclass
+class Objective:
+    """What the learner optimises. Defaults: RAE advantages with the decoupled PPO loss (self-play)."""
+
+    loss: str = "decoupled_ppo"  # decoupled_ppo | ppo (clip on pi/mu: naive off-policy) | truncated_is | reinforce
+    advantage: str = "rae"  # rae | rae_state (refined per observed state) | grpo (mean and std per role) |
+    # grpo_mean (mean only) | rebn (whole batch) | role_grpo (GRPO over a role's attempts at one task, RAE for a
+    # role that acts once an episode: role self-play)
+    gamma: float = 1.0  # per-turn discount of returns within an agent's turns
+    clip_eps: float = 0.2
+    weight_range: tuple[float, float] = (0.0, 5.0)  # decoupled PPO: allowed pi_prox / mu
+    out_of_range: str = "mask"  # decoupled PPO: mask or clamp weights outside weight_range
+    tis_cap: float = 2.0  # truncated IS: cap on pi / mu
+    rae_decay: float = 0.95  # RAE: EMA decay of each role's baseline, per trajectory
+    state_prior: float = 4.0  # rae_state: visits a state needs before its own mean outweighs the role baseline
+    state_window: int = 64  # rae_state: a state's mean follows about its last this many visits
+    state_capacity: int = 100_000  # rae_state: states kept (least recently seen dropped first)
+    kl_coef: float = 0.0  # > 0: KL penalty towards a reference policy (the starting one)
+    kl_estimator: str = "loss"  # loss: k3 in the loss (forward KL's gradient) | reward: a cost in the advantage (MMD)
+    kl_coef_by_role: dict[str, float] = field(default_factory=dict)  # a named role's own (others: kl_coef)
+    row_share_by_role: dict[str, float] = field(default_factory=dict)  # a named role's rows trained (others: all)
+    entropy_coef: float = 0.0  # > 0: entropy bonus
+    max_grad_norm: float = 1.0
+    minibatches: int = 4  # optimizer steps per batch; > 1 recomputes pi_prox before the first
+
+    def __post_init__(self):
+        for what, value, known in (("loss", self.loss, LOSSES), ("advantage estimator", self.advantage, ADVANTAGES),
+                                    ("KL estimator", self.kl_estimator, KL_ESTIMATORS)):
+            if value not in known:
+                raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(known)}")
+        if self.minibatches < 1:
+            raise ValueError(f"minibatches must be >= 1, not {self.minibatches}")
+        self.kl_coef_by_role = dict(self.kl_coef_by_role or {})
+        for role, coef in [("kl_coef", self.kl_coef), *self.kl_coef_by_role.items()]:
+            if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not coef >= 0:
+                raise ValueError(f"a KL coefficient must be a number >= 0, not {coef!r} (for {role})")
+        self.row_share_by_role = dict(self.row_share_by_role or {})
+        for role, share in self.row_share_by_role.items():
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+                raise ValueError(f"a row share must be a number in (0, 1], not {share!r} (for {role})")
+        self.weight_range = tuple(self.weight_range)
+
+    @property
+    def anchored(self) -> bool:
+        """Does any row pay a KL penalty towards the reference policy (which must then be loaded)?"""
+        return self.kl_coef > 0 or any(coef > 0 for coef in self.kl_coef_by_role.values())
+
+    def kl_coefs(self, role_keys: list[tuple]) -> torch.Tensor:
+        """Each row's KL coefficient: its role's (``kl_coef_by_role``) or ``kl_coef``."""
+        return torch.tensor([float(self.kl_coef_by_role.get(key[2], self.kl_coef)) for key in role_keys])
+
+    def row_shares(self, role_keys: list[tuple]) -> torch.Tensor:
+        """Each row's chance of being trained: its role's ``row_share_by_role``, else 1."""
+        return torch.tensor([float(self.row_share_by_role.get(key[2], 1.0)) for key in role_keys])
+
+
+@dataclass
+class TrainerState:
+    """What the objective carries from batch to batch: role ids, RAE baselines, rae_state's means per state."""
+
+    role_ids: dict[tuple, int] = field(default_factory=dict)
+    baselines: dict[int, float] = field(default_factory=dict)
+    state_values: StateValues | None = None
+
+    def roles(self, keys: list[tuple]) -> torch.Tensor:
+        return torch.tensor([self.role_ids.setdefault(key, len(self.role_ids)) for key in keys], dtype=torch.int64)
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded prompt+action tokens; the action positions carry the recorded behaviour."""
+
+    input_ids: torch.Tensor  # [N, T]
+    attention_mask: torch.Tensor  # [N, T]
+    action_mask: torch.Tensor  # [N, T], True where the token is an action token (predicted at t-1)
+    behaviour_logprobs: torch.Tensor  # [N, T], zero outside action tokens
+    versions: torch.Tensor  # [N, T], -1 outside action tokens
+    rewards: torch.Tensor  # [N], this turn's reward
+    returns: torch.Tensor  # [N], the agent's episode return
+    seats: torch.Tensor  # [N]
+    turns: torch.Tensor  # [N]
+    segments: torch.Tensor  # [N], one id per (episode, seat): the turns that share a return
+    role_keys: list[tuple]  # [N], (env, matchup, role or seat): whose baseline a row shares
+    groups: torch.Tensor  # [N], one id per (episode, role or seat): a role's attempts at one task
+    state_keys: list[int]  # [N], a digest of the prompt: where the agent stood (rae_state's key)
+
+    def rows(self, index: torch.Tensor) -> TokenBatch:
+        """The rows ``index`` of this batch (for minibatches)."""
+        picked = {name: value[index] if isinstance(value, torch.Tensor) else [value[i] for i in index.tolist()]
+                  for name, value in vars(self).items()}
+        return TokenBatch(**picked)
+
+    def trimmed(self) -> TokenBatch:
+        """Without the padding columns that every row has (right padding: the rows' longest decides)."""
+        width = max(int(self.attention_mask.sum(1).max()), 1) if len(self.role_keys) else 1
+        cut = {name: value[:, :width] if isinstance(value, torch.Tensor) and value.dim() == 2 else value
+               for name, value in vars(self).items()}
+        return TokenBatch(**cut)
+
+    def to(self, device: torch.device) -> TokenBatch:
+        if device.type == "cpu":
+            return self
+        return TokenBatch(**{name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+                             for name, value in vars(self).items()})
+
+
+def collate(table: pa.Table, pad_id: int) -> TokenBatch:
+    prompts = table.column(Columns.PROMPT_IDS).to_pylist()
+    actions = table.column(Columns.ACTION_IDS).to_pylist()
+    logprobs = table.column(Columns.BEHAVIOUR_LOGPROBS).to_pylist()
+    versions = table.column(Columns.POLICY_VERSIONS).to_pylist()
+    n, width = len(prompts), max(len(p) + len(a) for p, a in zip(prompts, actions))
+    ids = np.full((n, width), pad_id, dtype=np.int64)
+    action_mask = np.zeros((n, width), dtype=bool)
+    behaviour = np.zeros((n, width), dtype=np.float32)
+    token_versions = np.full((n, width), -1, dtype=np.int64)
+    for i, (p, a) in enumerate(zip(prompts, actions)):
+        end = len(p) + len(a)
+        ids[i, : len(p)], ids[i, len(p) : end] = p, a
+        action_mask[i, len(p) : end] = True
+        behaviour[i, len(p) : end] = logprobs[i]
+        token_versions[i, len(p) : end] = versions[i]
+    lengths = np.array([len(p) + len(a) for p, a in zip(prompts, actions)])
+    seats = table.column(Columns.AGENT).to_pylist()
+    episodes = table.column(Columns.EPISODE_ID).to_pylist()
+    segment_ids: dict[tuple, int] = {}
+    roles = [role or seat for role, seat in zip(table.column(Columns.ROLE).to_pylist(), seats)]
+    group_ids: dict[tuple, int] = {}
+    return TokenBatch(
+        input_ids=torch.from_numpy(ids),
+        attention_mask=torch.from_numpy((np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)),
+        action_mask=torch.from_numpy(action_mask),
+        behaviour_logprobs=torch.from_numpy(behaviour),
+        versions=torch.from_numpy(token_versions),
+        rewards=torch.tensor(table.column(Columns.REWARD).to_numpy(), dtype=torch.float32),
+        returns=torch.tensor(table.column(Columns.EPISODE_RETURN).to_numpy(), dtype=torch.float32),
+        seats=torch.tensor(seats, dtype=torch.int64),
+        turns=torch.tensor(table.column(Columns.TURN).to_numpy(), dtype=torch.int64),
+        segments=torch.tensor([segment_ids.setdefault(k, len(segment_ids)) for k in zip(episodes, seats)]),
+        role_keys=list(zip(table.column(Columns.ENV_NAME).to_pylist(), table.column(Columns.MATCHUP).to_pylist(),
+                           roles)),
+        groups=torch.tensor([group_ids.setdefault(k, len(group_ids)) for k in zip(episodes, roles)], dtype=torch.int64),
+        state_keys=[prompt_digest(p) for p in prompts],
+    )
+
+
+def prompt_digest(prompt: list[int]) -> int:
+    """A stable 64-bit digest of prompt tokens (the same across processes and resumes, unlike ``hash``)."""
+    digest = hashlib.blake2b(np.asarray(prompt, dtype=np.int64).tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def single_turn_batch(prompts: list[list[int]], completions: list, returns: list[float] | None = None,
+                      pad_id: int = 0) -> TokenBatch:
+    """One-turn episodes, one per ``(prompt, completion)`` (a ``Completion``: tokens, log-probs, versions), as
+    the learner collates them: for measuring a generation engine against the learner, and for tests."""
+    returns = returns or [0.0] * len(prompts)
+    rows = [{Columns.EPISODE_ID: f"e{i}", Columns.ENV_NAME: "single_turn", Columns.SEED: 0, Columns.TURN: 0,
+             Columns.AGENT: 0, Columns.MATCHUP: "main", Columns.POLICY_ID: "main", Columns.PROMPT_IDS: prompt,
+             Columns.ACTION_IDS: c.token_ids, Columns.ACTION_TEXT: "", Columns.BEHAVIOUR_LOGPROBS: c.logprobs,
+             Columns.POLICY_VERSIONS: c.versions, Columns.REWARD: ret, Columns.TERMINATED: True,
+             Columns.TRUNCATED: False, Columns.EPISODE_RETURN: ret, Columns.INVALID_ACTION: False,
+             Columns.CREATED_AT: 0.0, Columns.GENERATED_AT: 0.0, Columns.SCORED_AT: 0.0}
+            for i, (prompt, c, ret) in enumerate(zip(prompts, completions, returns))]
+    return collate(trajectory_table(rows), pad_id)
+
+
+def behaviour_gap(model, batch: TokenBatch, temperature: float) -> float:
+    """Mean |log pi - log mu| over the action tokens: the model's log-probs against the behaviour ones."""
+    with torch.no_grad():
+        logprobs = action_logprobs(model, batch, temperature)
+    mask = batch.action_mask[:, 1:]
+    return float((logprobs - batch.behaviour_logprobs[:, 1:]).abs()[mask].mean())
+
+
+def action_logits(model, batch: TokenBatch) -> torch.Tensor:
+    """[N, T-1, V]: position t predicts token t+1."""
+    return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+
+
+def action_logprobs(model, batch: TokenBatch, temperature: float) -> torch.Tensor:
+    """[N, T-1] log-probs of every next token."""
+    return token_logprobs(action_logits(model, batch), batch.input_ids[:, 1:], temperature)
+
+
+def advantages_of(objective: Objective, state: TrainerState, batch: TokenBatch) -> tuple[torch.Tensor, dict]:
+    """One advantage per row, from per-turn discounted returns and the objective's estimator."""
+    returns = discounted_returns(batch.rewards, batch.segments, batch.turns, objective.gamma)
+    roles = state.roles(batch.role_keys)
+    if objective.advantage == "rae":
+        advantages, stats = rae_advantages(returns, roles, state.baselines, objective.rae_decay, batch.segments)
+    elif objective.advantage == "rae_state":
+        if state.state_values is None:
+            state.state_values = StateValues(objective.state_window, objective.state_capacity)
+        advantages, stats = state_advantages(returns, roles, batch.state_keys, state.baselines, state.state_values,
+                                             objective.state_prior, objective.rae_decay, batch.segments)
+    elif objective.advantage == "role_grpo":
+        advantages, stats = role_group_advantages(returns, batch.groups, batch.segments, roles, state.baselines,
+                                                  objective.rae_decay)
+    elif objective.advantage == "rebn":
+        advantages, stats = rebn_advantages(returns)
+    else:
+        advantages, stats = grpo_advantages(returns, roles, scale_by_std=objective.advantage == "grpo")
+    state.baselines = stats.pop("baselines", state.baselines)  # RAE's running baselines, for the next batch
+    return advantages, stats
+
+
+def _loss(objective: Objective, logprobs, proximal, behaviour, advantages, mask):
+    if objective.loss == "decoupled_ppo":
+        return decoupled_ppo_loss(logprobs, proximal, behaviour, advantages, mask, objective.clip_eps,
+                                  objective.weight_range, objective.out_of_range)
+    if objective.loss == "ppo":
+        return ppo_clip_loss(logprobs, behaviour, advantages, mask, objective.clip_eps)
+    if objective.loss == "truncated_is":
+        return truncated_is_loss(logprobs, behaviour, advantages, mask, objective.tis_cap)
+    return reinforce_loss(logprobs, advantages, mask)
+
+
+def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objective, state: TrainerState, *,
+                         temperature: float, reference=None, generator: torch.Generator | None = None,
+                         version: int | None = None, max_tokens_per_microbatch: int | None = None,
+                         shard: Shard = Shard(), compute_dtype: torch.dtype | None = None) -> dict:
+    """One update of ``model`` on ``batch``: ``objective.minibatches`` optimizer steps over shuffled rows.
+
+    Each minibatch is cut into micro-batches of at most ``max_tokens_per_microbatch`` padded tokens
+    (``actors/learner/microbatches.py``) whose gradients add up before the step: each micro-batch's loss (a mean over its
+    action tokens) is weighted by its share of the minibatch's action tokens, so the update is the same however the
+    minibatch was cut. Rows with no gradient, and those a role's row share leaves out (``microbatches.trained_rows``),
+    are not computed; the statistics are means over the others (``rows_trained`` of ``rows``). In a learner group
+    (``shard``) every rank holds the whole batch (the same advantages, minibatches and row draw everywhere) and
+    trains its share of each minibatch's rows.
+
+    The proximal policy pi_prox is the model before the first step: with one minibatch, the current log-probs,
+    detached; with more, computed once, up front. ``logprob_gap`` is the mean |log pi_prox - log mu| of the action
+    tokens (staleness and the engine's numerics together); ``is_ess`` the normalised effective sample size of
+    w = pi_prox / mu, (sum w)^2 / (n sum w^2), 1 on-policy; ``logprob_gap_same_version`` the gap over the tokens
+    that ``version`` sampled: the engine's mismatch with the learner alone. ``compute_dtype`` (bf16 on a GPU): the
+    forward passes run under autocast; log-probs are fp32.
+
+    A minibatch whose loss or gradient norm is not finite takes no optimizer step (``skipped_steps``; its
+    statistics are left out of the means): one NaN would otherwise reach every parameter. In a group every rank
+    decides on the same numbers (the group's maximum of that flag, and its gradient norm): all skip it or none.
+    """
+    advantages, stats = advantages_of(objective, state, batch)
+    seat_returns = {f"return_seat{s}": batch.returns[batch.seats == s].mean().item()
+                    for s in batch.seats.unique().tolist()}
+    for role in sorted({key[2] for key in batch.role_keys if isinstance(key[2], str)}):  # a game's named roles
+        rows = torch.tensor([key[2] == role for key in batch.role_keys])
+        seat_returns[f"return_role_{role}"] = batch.returns[rows].mean().item()
+    device = next(model.parameters()).device
+    autocast = torch.autocast(device.type, dtype=compute_dtype,
+                              enabled=compute_dtype is not None and compute_dtype != torch.float32)
+    order = torch.randperm(batch.input_ids.shape[0], generator=generator)
+    lengths = batch.attention_mask.sum(1).tolist()
+    loss_mask = batch.action_mask[:, 1:]
+    trained = microbatches.trained_rows(objective, advantages, batch, reference, generator)
+    steps = []  # per minibatch: its action tokens, those trained, and this rank's micro-batches (row indices)
+    for index in torch.chunk(order, objective.minibatches):
+        kept = index[trained[index]]  # the loss stays a mean over every row's tokens: the same update
+        micro = microbatches.plan([lengths[i] for i in kept.tolist()], max_tokens_per_microbatch,
+                                  shard.world)[shard.rank]
+        steps.append((int(loss_mask[index].sum()), int(loss_mask[kept].sum()), [kept[r] if r else None for r in micro]))
+
+    def micro_batch(rows):
+        if rows is None:  # an empty micro-batch (a rank with fewer rows than the group's micro-batches)
+            empty = batch.rows(order[:1])
+            empty.action_mask = torch.zeros_like(empty.action_mask)
+            return empty.trimmed().to(device)
+        return batch.rows(rows).trimmed().to(device)
+
+    proximal = {}
+    if objective.minibatches > 1:
+        with torch.no_grad(), autocast:
+            for i, (_, _, micro) in enumerate(steps):
+                for j, rows in enumerate(micro):
+                    proximal[i, j] = action_logprobs(model, micro_batch(rows), temperature)
+    model.train()
+    sync = getattr(model, "set_requires_gradient_sync", None)  # a sharded model: sum gradients once a step
+    # gap, tokens, same-version gap, same-version tokens, and the sums of w = pi_prox / mu and w^2 (is_ess)
+    step_stats, gap_sums = [], [0.0] * (6 + IS_LOG2_BINS[2])  # ..., then w's histogram (is_weight_hist)
+    skipped = []  # the statistics of the minibatches that took no step
+    for i, (tokens, tokens_trained, micro) in enumerate(steps):
+        optimizer.zero_grad(set_to_none=True)
+        weighted: dict[str, float] = {NONFINITE_LOSS: 0.0}
+        for j, rows in enumerate(micro):
+            if sync is not None:
+                sync(j == len(micro) - 1)
+            mb = micro_batch(rows)
+            mask = mb.action_mask[:, 1:]  # everything that describes targets shifts by one, too
+            with autocast:
+                logits = action_logits(model, mb)
+            logprobs = token_logprobs(logits, mb.input_ids[:, 1:], temperature)
+            prox = proximal[i, j] if proximal else logprobs.detach()
+            row_advantages = advantages[rows.cpu()] if rows is not None else torch.zeros(1)
+            loss, s = _micro_loss(objective, mb, logits, logprobs, prox, row_advantages.to(device), reference,
+                                  temperature, autocast)
+            share = int(mask.sum()) / max(tokens, 1)
+            weighted[NONFINITE_LOSS] = max(weighted[NONFINITE_LOSS], float(not torch.isfinite(loss.detach())))
+            (loss * share * shard.world).backward()  # the group averages gradients over its ranks
+            for key, value in s.items():  # statistics: means over the trained rows
+                weighted[key] = max(weighted.get(key, value), value) if key.endswith("_max") else \
+                    weighted.get(key, 0.0) + int(mask.sum()) / max(tokens_trained, 1) * value
+            gap = torch.where(mask, (prox - mb.behaviour_logprobs[:, 1:]).abs(), 0.0).detach()
+            gap_sums[0] += float(gap.sum())
+            gap_sums[1] += int(mask.sum())
+            w = torch.exp(torch.where(mask, (prox - mb.behaviour_logprobs[:, 1:]).clamp(max=30.0), 0.0)).detach()
+            gap_sums[4] += float(torch.where(mask, w, 0.0).sum())
+            gap_sums[5] += float(torch.where(mask, w * w, 0.0).sum())
+            low, high, bins = IS_LOG2_BINS
+            log_w = torch.log2(w[mask]).float().clamp(low, high - 1e-6)
+            for k, n in enumerate(torch.histc(log_w, bins=bins, min=low, max=high).tolist()):
+                gap_sums[6 + k] += n
+            if version is not None:
+                same = mb.versions[:, 1:] == version
+                gap_sums[2] += float((gap * same).sum())
+                gap_sums[3] += int((mask & same).sum())
+        weighted = shard.merge(weighted)  # the group's: every rank reads the same numbers below
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), objective.max_grad_norm)
+        weighted["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if weighted.pop(NONFINITE_LOSS) or not math.isfinite(weighted["grad_norm"]):
+            optimizer.zero_grad(set_to_none=True)  # no step: the optimizer's moments and count stay as they were
+            skipped.append(weighted)
+            continue
+        optimizer.step()
+        step_stats.append(weighted)
+    model.eval()
+    gap, tokens, same_gap, same_tokens, w_sum, w2_sum, *w_bins = shard.sum(gap_sums)
+    kept = step_stats or skipped
+    merged = {key: sum(s[key] for s in kept) / len(kept) for key in kept[0]}
+    merged["skipped_steps"] = len(skipped)
+    if same_tokens:
+        merged["logprob_gap_same_version"] = same_gap / same_tokens
+    if tokens and w2_sum > 0 and math.isfinite(w2_sum):
+        merged["is_ess"] = min(w_sum * w_sum / (tokens * w2_sum), 1.0)  # (sum w)^2 / (n sum w^2): 1 on-policy
+    low, high, bins = IS_LOG2_BINS  # tokens by w, keyed by each bin's upper edge (as a number)
+    merged["is_weight_hist"] = {f"{2 ** (low + (k + 1) * (high - low) / bins):.4g}": int(n) for k, n in
+                                enumerate(w_bins) if n}
+    return {**stats, **merged, **seat_returns, "logprob_gap": gap / max(tokens, 1), "tokens": int(loss_mask.sum()),
+            "rows": int(batch.input_ids.shape[0]), "rows_trained": int(trained.sum()),
+            "microbatches": sum(len(m) for _, _, m in steps)}
+
+
+def _micro_loss(objective: Objective, mb: TokenBatch, logits, logprobs, proximal, advantages, reference,
+                temperature: float, autocast) -> tuple[torch.Tensor, dict]:
+    """The objective's loss on one micro-batch: a mean over its action tokens, and its statistics."""
+    mask = mb.action_mask[:, 1:]
+    behaviour = mb.behaviour_logprobs[:, 1:]
+    token_advantages, kl_stats = advantages[:, None].expand_as(logprobs), {}
+    ref_logprobs = None
+    if reference is not None and objective.anchored:
+        coefs = objective.kl_coefs(mb.role_keys).to(logprobs.device)[:, None]  # [rows, 1]
+        with torch.no_grad(), autocast:
+            ref_logprobs = action_logprobs(reference, mb, temperature)
+        if objective.kl_estimator == "reward":
+            cost, kl_stats = kl_cost_to_go(proximal, ref_logprobs, mask)
+            token_advantages = token_advantages - coefs * cost
+    loss, s = _loss(objective, logprobs, proximal, behaviour, token_advantages, mask)
+    s.update(kl_stats)
+    if objective.entropy_coef > 0:
+        entropy, e = entropy_bonus(logits, mask, temperature)
+        loss = loss - objective.entropy_coef * entropy
+        s.update(e)
+    if ref_logprobs is not None and objective.kl_estimator == "loss":
+        penalty, k = kl_penalty(logprobs, ref_logprobs, mask, coefs)
+        loss = loss + penalty
+        s.update(k)
+    return loss, s

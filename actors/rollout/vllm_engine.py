@@ -1,0 +1,316 @@
+"""vLLM's async engine as a trio-facing sampler: per-token log-probs and versions, weights loaded in place.
+
+vLLM's ``AsyncLLM`` lives on an asyncio loop in a thread of its own (`AsyncioThread`); trio tasks hand it
+coroutines and wait for them without holding a thread each. The engine's scheduler and the worker that holds
+the model run in processes vLLM spawns (so a script that starts one needs a ``__main__`` guard). Concurrent
+requests are batched by vLLM's scheduler (continuous batching).
+
+Log-probs: the engine runs in the rollout's dtype (``auto``: float32 on the CPU, the learner's there, bfloat16 on
+a GPU) and reports the log-prob of each sampled token after temperature scaling
+(``logprobs_mode="processed_logprobs"``), the quantity the learner recomputes.
+
+Weights (`VllmSampler.load`): no new request enters the engine while weights change. Once every submission
+under way has reached the engine, it is paused with every request in flight aborted, the worker reloads its
+weights in place (vLLM's ``reload_weights``; the engine is not restarted), and the engine resumes. With one
+worker (``tensor_parallel_size`` 1, the "uni" executor: the worker lives in the engine's own process) the
+version's bytes go to it over the engine's RPC, in pieces sent while requests in flight go on, and loaded from
+memory (`actors/rollout/vllm_worker.py`); with several workers (vLLM's "mp" executor, which would pass every
+worker a copy) they are written once to a file that every worker maps, in a directory of the sampler's own under
+``weights_dir`` (mode 0700, the file 0600; a killed rollout's directory is swept by the next sampler:
+``streams/private_files.py``) (``weights_in_memory`` overrides the choice). An aborted request goes on from its prefix: its prompt and the tokens
+it has so far are submitted again as the prompt of a new request, with the rest of its token budget. Each
+submission is sampled by exactly one version, so every token is tagged with the version that sampled it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import trio
+
+from actors.models.devices import check_dtype, resolve_dtype
+from actors.rollout.hf_engine import Sample
+from streams.private_files import private_dir, remove_private_dir, sweep_stale, write_private
+
+log = logging.getLogger(__name__)
+
+PIECE_BYTES = 256 * 2**20  # weights sent in memory go in pieces of this size (msgpack carries < 4 GiB a value)
+
+
+class RequestRefused(ValueError):
+    """The engine will not sample this request (its settings are outside what vLLM accepts)."""
+
+
+@dataclass
+class VllmOptions:
+    dtype: str | None = None  # null: the rollout's dtype (auto: bfloat16 on a GPU, float32 on the CPU)
+    kv_cache_gib: float | None = None  # the KV cache's memory; null: gpu_memory_utilization sizes it (CPU: 1 GiB)
+    gpu_memory_utilization: float = 0.9  # share of the GPU's memory for the engine (weights, activations, KV cache)
+    tensor_parallel_size: int = 1  # workers (GPUs; on the CPU, processes) one engine spreads the model over
+    max_num_seqs: int | None = None  # null: the rollout's max_batch
+    enable_prefix_caching: bool | None = None  # null: vLLM's default
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    enforce_eager: bool = True  # no torch.compile or graph capture: a start of seconds, not minutes
+    # how new weights reach the engine's workers: over its RPC (true) or through a file in weights_dir (false);
+    # null: in memory with one worker, through the file with several (each maps it once, not a copy each)
+    weights_in_memory: bool | None = None
+    weights_dir: str | None = "/dev/shm"  # where the sampler's private directory for each version's file is made
+
+    def __post_init__(self):
+        if self.dtype is not None:
+            try:
+                check_dtype(self.dtype)
+            except ValueError as error:
+                raise ValueError(f"rollout.args.vllm.dtype: {error}") from None
+        for key, low in (("tensor_parallel_size", 1), ("max_num_seqs", 1)):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or value < low):
+                raise ValueError(f"rollout.args.vllm.{key} must be an integer >= {low}, not {value!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("rollout.args.vllm.gpu_memory_utilization must be in (0, 1], "
+                             f"not {self.gpu_memory_utilization!r}")
+        if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
+            raise ValueError(f"rollout.args.vllm.kv_cache_gib must be > 0 (or null), not {self.kv_cache_gib!r}")
+
+
+class AsyncioThread:
+    """An asyncio loop in a daemon thread; trio tasks run coroutines on it with `run`."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def call(self, coro):
+        """Run ``coro`` on the loop and block until it ends (from a plain thread, not trio's)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def run(self, coro):
+        """Run ``coro`` on the loop; the trio task waits without a thread. Cancelling it cancels ``coro``."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        token, done = trio.lowlevel.current_trio_token(), trio.Event()
+
+        def wake(_):
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(done.set)
+
+        future.add_done_callback(wake)
+        try:
+            await done.wait()
+        except trio.Cancelled:
+            future.cancel()
+            raise
+        return future.result()
+
+    def cancel_all(self) -> None:
+        """Cancel every task still running on the loop."""
+        with contextlib.suppress(Exception):
+            self.call(_cancel_all())
+
+    def close(self) -> None:
+        self.cancel_all()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+async def _cancel_all() -> None:
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """Set environment variables while vLLM spawns its processes (they inherit them), then restore them."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class VllmSampler:
+    """One vLLM engine; `sample` is called from trio tasks, concurrently. ``version``: the weights it holds."""
+
+    def __init__(self, model_path: str, eos_id: int, *, options: VllmOptions | None = None, threads: int = 1,
+                 max_seqs: int = 256, seed: int = 0, name: str = "rollout"):
+        self.options = options or VllmOptions()
+        self.eos_id, self.name, self.version = eos_id, name, 0
+        self.stats = {"submissions": 0, "resumed": 0, "weight_loads": 0, "weight_loads_in_memory": 0,
+                      "weight_loads_from_file": 0, "aborted_in_flight": 0}
+        self.in_memory = (self.options.tensor_parallel_size == 1 if self.options.weights_in_memory is None
+                          else self.options.weights_in_memory)  # how `load` moves weights (module docstring)
+        self._ids = itertools.count()
+        self._weights_dir: Path | None = None  # made on the first load through a file
+        self._submitting = 0  # submissions on their way into the engine
+        self._loading = False
+        self._changed = trio.Event()  # set (and replaced) whenever _submitting or _loading changes
+        self._thread = AsyncioThread(f"{name}-vllm")
+        self._engine = self._thread.call(self._start(model_path, threads, max_seqs, seed))
+
+    async def _start(self, model_path: str, threads: int, max_seqs: int, seed: int):
+        # One process for the scheduler and the model (the "uni" executor): each process vLLM spawns imports it
+        # anew, which costs tens of seconds of a start on a small machine. OpenMP threads are not pinned to cores
+        # that other actors share.
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+               "OMP_NUM_THREADS": str(threads), "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+        with _environment(env):
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(
+                model=model_path, seed=seed, max_num_seqs=self.options.max_num_seqs or max_seqs,
+                logprobs_mode="processed_logprobs", disable_log_stats=True, use_tqdm_on_load=False,
+                worker_extension_cls="actors.rollout.vllm_worker.WeightsFromMemory",
+                **engine_options(self.options, on_cpu=current_platform.is_cpu())))
+
+    async def sample(self, prompt: list[int], *, temperature: float, max_tokens: int) -> Sample:
+        """A continuation of ``prompt``, resumed from its prefix whenever new weights interrupt it."""
+        if not prompt:
+            raise ValueError("empty prompt: every prompt needs at least one token")
+        tokens, logprobs, versions = [], [], []
+        while len(tokens) < max_tokens and not (tokens and tokens[-1] == self.eos_id):
+            version, collector = await self._submit(prompt + tokens, temperature, max_tokens - len(tokens))
+            new_tokens, new_logprobs, reason = await self._thread.run(self._collect(collector))
+            tokens += new_tokens
+            logprobs += new_logprobs
+            versions += [version] * len(new_tokens)
+            if reason != "abort":
+                break
+            self.stats["resumed"] += 1
+        return Sample(tokens, logprobs, versions, bool(tokens and tokens[-1] == self.eos_id))
+
+    async def _submit(self, prompt: list[int], temperature: float, max_tokens: int):
+        """Add a request to the engine, never while weights change; (the version that samples it, its outputs)."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        while self._loading:
+            await self._changed.wait()
+        try:
+            params = SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=0, detokenize=False,
+                                    output_kind=RequestOutputKind.DELTA)
+        except Exception as error:  # vLLM's VLLMValidationError: this request's settings, not the engine
+            raise RequestRefused(str(error)) from error
+        self._set_submitting(+1)
+        try:
+            request_id = f"{self.name}-{next(self._ids)}"
+            collector = await self._thread.run(self._engine.add_request(
+                request_id, TokensPrompt(prompt_token_ids=prompt), params))
+        finally:
+            self._set_submitting(-1)
+        self.stats["submissions"] += 1
+        return self.version, collector
+
+    async def _collect(self, collector) -> tuple[list[int], list[float], str | None]:
+        """On the asyncio loop: the request's tokens, their log-probs and why it ended."""
+        tokens, logprobs = [], []
+        try:
+            while True:
+                out = collector.get_nowait() or await collector.get()
+                completion = out.outputs[0]
+                tokens += completion.token_ids
+                logprobs += [step[token].logprob for token, step in zip(completion.token_ids, completion.logprobs)]
+                if out.finished:
+                    return tokens, logprobs, completion.finish_reason
+        except asyncio.CancelledError:
+            await self._engine.abort(collector.request_id, internal=True)
+            raise
+        finally:
+            collector.close()
+
+    def _set_submitting(self, delta: int) -> None:
+        self._submitting += delta
+        self._notify()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    async def load(self, version: int, data, *, in_memory: bool | None = None) -> None:
+        """Load weights ``version`` (a safetensors buffer, checked) in place; requests in flight resume.
+        ``in_memory``: over the engine's RPC (True) or through a file (False); None: ``self.in_memory``."""
+        in_memory = self.in_memory if in_memory is None else in_memory
+        self._loading = True
+        self._notify()
+        try:
+            if in_memory:  # sent while the engine generates; loaded once it is paused
+                view = memoryview(data).cast("B")
+                for offset in range(0, len(view), PIECE_BYTES):
+                    await self._thread.run(self._engine.collective_rpc(
+                        "tidal_stage_weights", args=(version, offset, len(view), view[offset:offset + PIECE_BYTES])))
+            else:
+                await trio.to_thread.run_sync(self._write, data)
+            while self._submitting:
+                await self._changed.wait()
+            in_flight = self._engine.get_num_unfinished_requests()
+            if in_memory:
+                await self._thread.run(self._reload("tidal_load_staged_weights", {"version": version}))
+            else:
+                await self._thread.run(self._reload("reload_weights", {"weights_path": str(self._weights_dir)}))
+            self.version = version
+            self.stats["weight_loads"] += 1
+            self.stats["weight_loads_in_memory" if in_memory else "weight_loads_from_file"] += 1
+            self.stats["aborted_in_flight"] += in_flight
+        finally:
+            self._loading = False
+            self._notify()
+
+    def _write(self, data) -> None:
+        if self._weights_dir is None:
+            root = self.options.weights_dir or tempfile.gettempdir()
+            sweep_stale(root)
+            self._weights_dir = private_dir(root, f"vllm-{self.name}")
+        write_private(self._weights_dir, "model.safetensors", data)
+
+    async def _reload(self, method: str, kwargs: dict) -> None:
+        await self._engine.pause_generation(mode="abort", clear_cache=True)
+        try:
+            await self._engine.collective_rpc(method, kwargs=kwargs)
+        finally:
+            await self._engine.resume_generation()
+
+    async def weight_checksums(self) -> list[dict[str, str]]:
+        """A digest of every parameter the engine's workers hold (one dict a worker)."""
+        return await self._thread.run(self._engine.compute_weight_checksums())
+
+    def close(self) -> None:
+        try:
+            self._thread.cancel_all()  # the engine's output handler first: it would log the engine's end as a crash
+            self._engine.shutdown()
+            self._engine = None  # collected now, not at interpreter exit (where its __del__ fails)
+        finally:
+            self._thread.close()
+            remove_private_dir(self._weights_dir)
+
+
+def engine_options(o: VllmOptions, *, on_cpu: bool) -> dict:
+    """The AsyncEngineArgs that ``o`` sets, for an engine on the CPU (vLLM's CPU build) or on GPUs."""
+    kv_cache_gib = 1 if o.kv_cache_gib is None and on_cpu else o.kv_cache_gib
+    dtype = resolve_dtype(o.dtype or "auto", torch.device("cpu" if on_cpu else "cuda"))
+    return dict(
+        dtype=str(dtype).removeprefix("torch."), max_model_len=o.max_model_len, enforce_eager=o.enforce_eager,
+        # on a GPU a null kv_cache_gib leaves the KV cache to gpu_memory_utilization; on the CPU a size is given
+        kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
+        gpu_memory_utilization=o.gpu_memory_utilization, enable_prefix_caching=o.enable_prefix_caching,
+        tensor_parallel_size=o.tensor_parallel_size,
+        # "uni" (the worker in the engine's process) serves one worker only; several need vLLM's "mp" executor
+        distributed_executor_backend="uni" if o.tensor_parallel_size == 1 else "mp")

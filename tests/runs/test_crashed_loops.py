@@ -1,0 +1,144 @@
+"""A crashed loop is a dead actor: in its own process (``ActorHost``) the process ends with its own exit status,
+so the run restarts it as after a kill; in one process (``LocalCluster``) the run ends, naming the actor. Restarts
+are limited and spaced out (``RestartLimit``); past the limit the run stops saying how to resume it."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from actors.runs.host import CRASH, LOOP_CRASH_EXIT, ActorCrashed, LocalCluster
+from actors.runs.recovery import RestartLimit, RestartsExhausted, statistics_or_recover
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Ticker:
+    """A toy actor: a task that counts, and one that raises once ``poke`` is called (a bug in its own loop)."""
+
+    def __init__(self, cfg, name: str = "ticker"):
+        self.name, self.ticks, self._poked = name, 0, None
+
+    async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self._poked = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._fail_when_poked)
+            task_status.started({})
+            while True:
+                self.ticks += 1
+                await trio.sleep(0.01)
+
+    async def _fail_when_poked(self) -> None:
+        await self._poked.wait()
+        raise ValueError("a bug in the ticker")
+
+    def poke(self) -> None:
+        self._poked.set()
+
+    def statistics(self) -> dict:
+        return {"ticks": self.ticks}
+
+
+HOSTED = """
+from actors.runs.host import ActorHost
+from tests.runs.test_crashed_loops import Ticker
+host = ActorHost(Ticker, None, "ticker-0")
+host.start({{}})
+assert host.statistics()["ticks"] >= 1
+host.call({method!r}, *{args!r})
+import time
+time.sleep(30)  # the loop's crash ends this process first
+print("still alive")
+"""
+
+
+@pytest.mark.parametrize("method, args, raised", [("poke", (), "ValueError: a bug in the ticker"),
+                                                  (CRASH, ("chaos",), "the ticker-0 actor's loop raised: chaos")])
+def test_an_actor_whose_loop_raises_ends_its_process_with_its_own_status_after_logging_why(method, args, raised):
+    done = subprocess.run([sys.executable, "-c", HOSTED.format(method=method, args=args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(ROOT)})
+    assert done.returncode == LOOP_CRASH_EXIT, done.stderr[-2000:]
+    assert "still alive" not in done.stdout
+    assert "Traceback" in done.stderr and raised in done.stderr  # the traceback is logged before the end
+    assert f"ending its process with status {LOOP_CRASH_EXIT}" in done.stderr
+
+
+@pytest.mark.parametrize("how", ["poke", CRASH])
+def test_in_one_process_a_crashed_actor_ends_the_run_naming_it(how):
+    cluster = LocalCluster()
+    try:
+        cluster.spawn_many([("ticker-0", Ticker, None, {}), ("ticker-1", Ticker, None, {})])
+        assert cluster.statistics("ticker-1")["ticks"] >= 1
+        cluster.call("ticker-0", how, *(("chaos",) if how == CRASH else ()))
+        cluster._loop._thread.join(10)
+        with pytest.raises(ActorCrashed, match="the ticker-0 actor's loop raised.*loop has stopped. run.mode=local"):
+            cluster.statistics("ticker-1")
+
+        def recover(name, error):  # never: one process cannot restart an actor
+            raise AssertionError(f"{name} restarted")
+
+        with pytest.raises(ActorCrashed, match="ticker-0"):  # the run's health check: the run ends
+            statistics_or_recover(cluster, ["ticker-1", "ticker-0"], recover)
+    finally:
+        cluster.shutdown()
+
+
+def test_restarts_are_spaced_out_and_limited_within_the_window():
+    now = [0.0]
+    limit = RestartLimit(max_restarts=3, window_s=100.0, backoff_s=2.0, clock=lambda: now[0])
+    assert limit.delay("replay") == 0.0  # the first, at once
+    limit.restarted("replay")
+    now[0] = 1.0
+    assert limit.delay("replay") == 1.0 and limit.delay("reward") == 0.0  # 2 s after the first; per actor
+    now[0] = 2.0
+    limit.restarted("replay")
+    assert limit.delay("replay") == 4.0  # then twice as long
+    now[0] = 10.0
+    limit.restarted("replay")
+    with pytest.raises(RestartsExhausted, match=r"replay died again after 3 restarts within 100 s "
+                                                r"\(run.max_restarts=3"):
+        limit.delay("replay")
+    now[0] = 100.5  # the first restart left the window: one more is allowed (its backoff has long passed)
+    assert limit.delay("replay") == 0.0
+    now[0] = 10.5
+    limit.times["replay"] = [10.0]
+    assert limit.delay("replay") == 1.5
+
+
+def test_the_driver_waits_between_restarts_and_stops_past_the_limit_saying_how_to_resume(tmp_path, monkeypatch):
+    from actors.cli import load_config
+    from actors.runs import driver as driver_module
+    from actors.runs.evaluations import Evaluations
+    from actors.runs.recovery import GroupRecovery
+    from actors.runs.topology import Topology, plan_groups
+    from tests.league.test_league import FakeCluster
+
+    cfg = load_config([f"run.dir={tmp_path}", "run.name=r", "run.max_restarts=2", "run.restart_backoff_s=3"])
+    run = driver_module.Driver(cfg)
+    slept = []
+    monkeypatch.setattr(driver_module.time, "sleep", slept.append)
+    top = Topology(plan_groups(cfg, "base", run.dir), envs=["env-0"])
+    run.cluster = cluster = FakeCluster()
+    run.top = top
+    run.evaluations = Evaluations(cluster, top.envs, cfg.eval, None, [])
+    run.recoveries = {"main": GroupRecovery(cluster, top.groups["main"], top.envs)}
+    run.recover("learner", RuntimeError())
+    run.recover("learner", RuntimeError())
+    assert [changes["life"] for name, changes in cluster.restarted] == [1, 2]  # each start a new life
+    assert slept[0] == 0 and 2.5 < slept[1] <= 3.0  # the second restart waited for the backoff
+    with pytest.raises(RuntimeError, match=r"learner died again after 2 restarts within 600 s .*the run stops; "
+                                           rf"continue it with `tidal launch resume={run.dir}`"):
+        run.recover("learner", RuntimeError())
+    assert len(cluster.restarted) == 2 and run.restarts == {"learner": 2}
+
+
+@pytest.mark.parametrize("override, message", [("run.max_restarts=0", "run.max_restarts=0: must be >= 1"),
+                                               ("run.restart_window_s=0", "run.restart_window_s=0.0: must be > 0"),
+                                               ("run.restart_backoff_s=-1", "run.restart_backoff_s=-1.0: must be >= 0")])
+def test_restart_limits_out_of_range_are_refused_naming_the_key(override, message):
+    from actors.cli import load_config
+
+    with pytest.raises(ValueError, match=message):
+        load_config([override])
