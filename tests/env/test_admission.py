@@ -5,15 +5,8 @@ import trio
 import trio.testing
 
 from actors.env.admission import Admission, admission_share
+from tests.factories import admit_all
 
-
-def admit_all(admission: Admission, member: str = "main") -> int:
-    """Start episodes of ``member`` until admission refuses one; how many started."""
-    started = 0
-    while member in admission.admitted():
-        admission.started(member)
-        started += 1
-    return started
 
 
 def test_admission_shares_add_up_to_the_allowance_and_grow_with_it():

@@ -1,6 +1,5 @@
 """The env actor against a scripted policy (a fake rollout actor on the same loop), over in-memory streams."""
 
-import contextlib
 import re
 
 import pytest
@@ -8,66 +7,13 @@ import trio
 import trio.testing
 from transformers import AutoTokenizer
 
-from streams.endpoints import Inbox
 from actors.env.actor import EnvActor, EnvConfig
 from actors.rollout.scripted import serve_scripted
 from streams.channels import MemoryTransport
 from streams.messages import Completion
-from streams.schema import Columns, decode_table
-from streams.wire import Kind
+from streams.schema import Columns
+from tests.factories import run_episodes, scripted_env
 
-
-async def scripted_rollout(transport, receiver, tokenizer, answer, version: int = 5, requests: list | None = None):
-    """Answers every generation request with ``answer`` (a text, or a function of the prompt's text), as
-    version ``version`` of the policy; keeps each request in ``requests`` if given."""
-    script = answer if callable(answer) else lambda prompt: answer
-
-    def reply(request):
-        if requests is not None:
-            requests.append(request)
-        tokens = tokenizer(script(tokenizer.decode(request.prompt_ids)))["input_ids"] + [tokenizer.eos_token_id]
-        return Completion(request.request_id, tokens, [-0.5] * len(tokens), [version] * len(tokens), True)
-
-    await serve_scripted(transport, receiver, reply)
-
-
-@contextlib.asynccontextmanager
-async def scripted_env(tiny_model_dir, answer, version: int, **env_args):
-    """An env actor (``env_args``) whose policy is scripted to answer ``answer`` as ``version``, and the inbox of
-    the episodes it delivers; cancelled on exit."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    transport = MemoryTransport()
-    async with transport.open_receiver() as requests, transport.open_receiver() as rewards, \
-            trio.open_nursery() as nursery:
-        nursery.start_soon(scripted_rollout, transport, requests, tokenizer, answer, version, None)
-        env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir), **env_args))
-        await nursery.start(env.run, transport, {"rollout": [requests.address], "reward": [rewards.address]})
-        yield env, Inbox(rewards, Kind.EPISODES, decode_table)
-        nursery.cancel_scope.cancel()
-
-
-def run_episodes(tiny_model_dir, answer, episodes: int, clock=None, record_requests=None, concurrency=4,
-                 rollout=scripted_rollout, **env_args):
-    """``episodes`` training episodes of an env actor against a scripted policy, then its statistics."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    tables = []
-
-    async def main():
-        transport = MemoryTransport()
-        async with transport.open_receiver() as requests, transport.open_receiver() as rewards, \
-                trio.open_nursery() as nursery:
-            nursery.start_soon(rollout, transport, requests, tokenizer, answer, 5, record_requests)
-            env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir), concurrency=concurrency, **env_args))
-            await nursery.start(env.run, transport, {"rollout": [requests.address], "reward": [rewards.address]})
-            env.set_training(True)
-            inbox = Inbox(rewards, Kind.EPISODES, decode_table)
-            while len(tables) < episodes:
-                tables.append(await inbox.receive())
-            tables.append(env.statistics())
-            nursery.cancel_scope.cancel()
-
-    trio.run(main, clock=clock)
-    return tables
 
 
 def test_an_invalid_action_ends_the_episode_with_a_penalty_and_is_counted(tiny_model_dir):

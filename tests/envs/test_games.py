@@ -3,9 +3,9 @@
 import pytest
 
 import envs
-from envs.kuhn_poker import KuhnPoker
 from envs.liars_dice import LiarsDice
 from envs.negotiation import SimpleNegotiation
+from tests.factories import kuhn
 
 MULTI = [("tictactoe", {}), ("kuhn_poker", {}), ("negotiation", {}), ("liars_dice", {}),
          ("liars_dice", {"players": 5, "dice": 1})]
@@ -45,15 +45,6 @@ def test_an_illegal_move_changes_nothing_then_forfeits(name, kwargs):
     with pytest.raises(RuntimeError, match="finished game"):
         game.step(game.legal_actions()[0] if game.legal_actions() else "[1]")
 
-
-def kuhn(cards, moves):
-    game = KuhnPoker()
-    game.reset(0)
-    game.cards = list(cards)
-    result = None
-    for move in moves:
-        result = game.step(f"[{move}]")
-    return game, result
 
 
 @pytest.mark.parametrize("cards,moves,rewards", [

@@ -8,8 +8,8 @@ import envs  # noqa: E402
 from actors.runs.host import LocalCluster  # noqa: E402
 from actors.runs.topology import build_topology  # noqa: E402
 from streams.schema import Columns  # noqa: E402
-from tests.env.test_env_actor import run_episodes  # noqa: E402
-from tests.system.test_local_topology import wait_for  # noqa: E402
+from tests.factories import run_episodes  # noqa: E402
+from tests.factories import wait_for  # noqa: E402
 from tests.factories import small_config  # noqa: E402
 
 GAME = "gem:game:GuessTheNumber-v0-easy"  # 1 to 10, four guesses

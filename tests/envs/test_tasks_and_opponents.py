@@ -9,7 +9,7 @@ import envs
 from envs.countdown import Countdown, evaluate, parse_expression
 from envs.guess_number import GuessNumber
 from envs.opponents import GreedyOpponent, KuhnEquilibrium, MinimaxOpponent, _negamax
-from tests.envs.test_games import kuhn
+from tests.factories import kuhn
 
 
 def test_guess_number_feedback_then_success():

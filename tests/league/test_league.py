@@ -15,6 +15,7 @@ from actors.league.matchmaking import MatchmakingConfig, Payoff, check_reset_pro
 from actors.models.snapshots import SnapshotError, parse_snapshot_id, snapshot_id, verify_snapshot, write_snapshot
 from streams.messages import MatchAssigned, MatchRequest, MatchResult
 from streams.wire import FrameError, pack
+from tests.factories import FakeCluster
 
 MEMBERS = [{"id": "main", "role": "main"}, {"id": "exploiter", "role": "main_exploiter"},
            {"id": "leaguex", "role": "league_exploiter"}]
@@ -320,26 +321,6 @@ def test_a_learner_reset_brings_back_the_base_weights_and_a_fresh_optimizer_as_a
 
 
 # -- restarts in a league run --------------------------------------------------------------------------------------
-
-class FakeCluster:
-    """Records restarts and calls; every actor answers its statistics with its name."""
-
-    def __init__(self):
-        self.restarted, self.calls = [], []
-
-    def restart(self, name, **changes):
-        self.restarted.append((name, changes))
-        return {"version": 3, "cursor": 5}
-
-    def call(self, name, method, *args):
-        self.calls.append((name, method, *args))
-        return 1
-
-    def statistics(self, name):
-        return {"name": name, "cursor": 5, "received_by_source": {"env-0": 7}, "matches": 10}
-
-    def is_dead(self, error):
-        return True
 
 
 def test_a_league_run_restarts_every_kind_of_actor(tmp_path):

@@ -12,7 +12,7 @@ from actors.models.checkpoints import UnsafeCheckpoint, load_trainer_state, main
 from actors.learner.actor import LearnerConfig
 from actors.learner.trainer import Trainer
 from actors.models.checkpoints import OPTIMIZER_DIR, TRAINER_STATE
-from tests.learner.test_learner_group import table
+from tests.factories import random_table as table
 
 
 class Mkdir:

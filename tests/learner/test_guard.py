@@ -6,7 +6,7 @@ import torch
 
 from actors.learner.actor import LearnerActor, LearnerConfig
 from streams.schema import Columns, trajectory_table
-from tests.learner.test_sampling_and_training import row
+from tests.factories import sampled_row as row
 
 
 def batch(version: int, invalid: bool):

@@ -14,6 +14,7 @@ from actors.learner.update import Objective, TrainerState, action_logprobs, coll
 from streams.weights import load_weights, weights_to_bytes
 from algos.losses import kl_cost_to_go, token_logprobs
 from streams.schema import Columns, trajectory_table
+from tests.factories import sampled_row as row
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +26,6 @@ def prompts(tokenizer):
     texts = ["TicTacToe. You are X.\n1|2|3\n4|5|6\n7|8|9\nMove:", "TicTacToe. You are O.\nX|2|3\n4|5|6\n7|8|9\nMove:", "Hi"]
     return [tokenizer(t)["input_ids"] for t in texts]
 
-
-def row(prompt, sampled, version=0, seat=0, ret=1.0, episode="e0", matchup="main,main"):
-    return {
-        Columns.EPISODE_ID: episode, Columns.ENV_NAME: "tictactoe", Columns.SEED: 0, Columns.TURN: 0,
-        Columns.AGENT: seat, Columns.MATCHUP: matchup, Columns.POLICY_ID: "main", Columns.PROMPT_IDS: prompt,
-        Columns.ACTION_IDS: sampled.tokens, Columns.ACTION_TEXT: "", Columns.BEHAVIOUR_LOGPROBS: sampled.logprobs,
-        Columns.POLICY_VERSIONS: [version] * len(sampled.tokens), Columns.REWARD: ret, Columns.TERMINATED: True,
-        Columns.TRUNCATED: False, Columns.EPISODE_RETURN: ret, Columns.INVALID_ACTION: False,
-        Columns.CREATED_AT: 0.0, Columns.GENERATED_AT: 0.0, Columns.SCORED_AT: 0.0,
-    }
 
 
 def test_batched_left_padded_logprobs_equal_a_plain_forward_pass(model_and_tokenizer):

@@ -21,7 +21,7 @@ from actors.runs.dashboard import render
 from actors.observe.wandb_log import WandbLog, wandb_run_id
 from actors.replay.spill import Spill
 from tests import wandb_records
-from tests.replay.test_replay_actor import episode
+from tests.factories import versions_episode as episode
 
 
 def batch(names: list[str], version: int) -> pa.Table:

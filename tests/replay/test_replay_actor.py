@@ -6,18 +6,10 @@ from streams.endpoints import Inbox, Outbox
 from actors.replay.actor import ReplayActor, ReplayConfig, oldest_version
 from actors.replay.spill import BATCH_LOG, Spill
 from streams.channels import MemoryTransport
-from streams.schema import Columns, decode_batch, decode_table, encode_table, trajectory_table
+from streams.schema import Columns, decode_batch, decode_table, encode_table
 from streams.wire import Kind
+from tests.factories import versions_episode as episode
 
-
-def episode(name: str, versions: list[list[int]]):
-    rows = [{Columns.EPISODE_ID: name, Columns.ENV_NAME: "test", Columns.SEED: 0, Columns.TURN: turn,
-             Columns.AGENT: 0, Columns.MATCHUP: "main", Columns.POLICY_ID: "main", Columns.PROMPT_IDS: [1],
-             Columns.ACTION_IDS: [2] * len(v), Columns.ACTION_TEXT: "", Columns.BEHAVIOUR_LOGPROBS: [-1.0] * len(v),
-             Columns.POLICY_VERSIONS: v, Columns.REWARD: 0.0, Columns.TERMINATED: False, Columns.TRUNCATED: False,
-             Columns.EPISODE_RETURN: 0.0, Columns.INVALID_ACTION: False, Columns.CREATED_AT: 0.0,
-             Columns.GENERATED_AT: 0.0, Columns.SCORED_AT: 0.0} for turn, v in enumerate(versions)]
-    return trajectory_table(rows)
 
 
 def test_oldest_version_is_the_minimum_over_every_token():

@@ -15,7 +15,7 @@ from streams.channels import MemoryTransport
 from streams.endpoints import Inbox, Outbox
 from streams.schema import Columns, decode_batch, encode_table
 from streams.wire import Kind
-from tests.replay.test_replay_actor import episode
+from tests.factories import versions_episode as episode
 
 
 def checkpoint(policy, life: str, seq: int) -> None:

@@ -13,7 +13,7 @@ from streams.endpoints import Inbox, Outbox
 from streams.schema import Columns as C
 from streams.schema import decode_table, encode_table
 from streams.wire import Kind
-from tests.reward.test_judges import episode
+from tests.factories import turns_episode as episode
 
 
 def through_reward(reward: RewardActor, episodes: list[pa.Table]) -> tuple[list[pa.Table], dict]:

@@ -13,15 +13,8 @@ from actors.reward.judges import DEFAULT_TEMPLATE, JudgeConfig, JudgeScorer, jud
 from actors.reward.actor import RewardConfig
 from actors.reward.scorers import FunctionScorer, Unscored, apply_scores, as_scorer, game_outcome
 from streams.schema import Columns as C
-from streams.schema import trajectory_table
-from tests.streams.test_values_rows import row
+from tests.factories import turns_episode as episode
 
-
-def episode(name="env-0-1", turns=((0, "[1]"),), env="t") -> pa.Table:
-    """An episode of (agent, action text) turns."""
-    return trajectory_table([row(name, turn=t, **{C.AGENT: agent, C.ACTION_TEXT: text, C.ENV_NAME: env,
-                                                  C.PROMPT_IDS: [3, t + 4]})
-                             for t, (agent, text) in enumerate(turns)])
 
 
 @pytest.mark.parametrize("reply, score", [

@@ -10,8 +10,8 @@ from streams.endpoints import Inbox, Outbox
 from streams.schema import Columns as C
 from streams.schema import decode_table, encode_table
 from streams.wire import Kind
-from tests.reward.test_judges import episode
-from tests.streams.test_streams_reliability import QUIET_S, wait_in_flight
+from tests.factories import turns_episode as episode
+from tests.factories import QUIET_S, wait_in_flight
 
 
 class HeldBatch:

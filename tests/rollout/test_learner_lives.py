@@ -14,7 +14,7 @@ from streams.endpoints import Inbox, Outbox
 from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, VersionAnnounced, WeightsManifest
 from streams.weights import CHUNK_BYTES, LearnerFeed, chunk_crcs, weights_to_bytes
 from streams.wire import FrameError, Kind
-from tests.env.test_admission import admit_all
+from tests.factories import admit_all
 
 
 def test_a_version_announcement_carries_the_learners_life():

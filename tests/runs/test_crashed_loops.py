@@ -7,43 +7,18 @@ import sys
 from pathlib import Path
 
 import pytest
-import trio
 
 from actors.runs.host import CRASH, LOOP_CRASH_EXIT, ActorCrashed, LocalCluster
 from actors.runs.recovery import RestartLimit, RestartsExhausted, statistics_or_recover
+from tests.factories import Ticker
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class Ticker:
-    """A toy actor: a task that counts, and one that raises once ``poke`` is called (a bug in its own loop)."""
-
-    def __init__(self, cfg, name: str = "ticker"):
-        self.name, self.ticks, self._poked = name, 0, None
-
-    async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        self._poked = trio.Event()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._fail_when_poked)
-            task_status.started({})
-            while True:
-                self.ticks += 1
-                await trio.sleep(0.01)
-
-    async def _fail_when_poked(self) -> None:
-        await self._poked.wait()
-        raise ValueError("a bug in the ticker")
-
-    def poke(self) -> None:
-        self._poked.set()
-
-    def statistics(self) -> dict:
-        return {"ticks": self.ticks}
-
 
 HOSTED = """
 from actors.runs.host import ActorHost
-from tests.runs.test_crashed_loops import Ticker
+from tests.factories import Ticker
 host = ActorHost(Ticker, None, "ticker-0")
 host.start({{}})
 assert host.statistics()["ticks"] >= 1
@@ -113,7 +88,7 @@ def test_the_driver_waits_between_restarts_and_stops_past_the_limit_saying_how_t
     from actors.runs.evaluations import Evaluations
     from actors.runs.recovery import GroupRecovery
     from actors.runs.topology import Topology, plan_groups
-    from tests.league.test_league import FakeCluster
+    from tests.factories import FakeCluster
 
     cfg = load_config([f"run.dir={tmp_path}", "run.name=r", "run.max_restarts=2", "run.restart_backoff_s=3"])
     run = driver_module.Driver(cfg)

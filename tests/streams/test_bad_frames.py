@@ -8,7 +8,7 @@ from streams.channels import ZmqTransport
 from streams.messages import VERSION_TOPIC, VersionAnnounced
 from streams.schema import decode_table
 from streams.wire import FRAME_LIMITS, WIRE_VERSION, FrameCounter, Kind, LinkType, encode_link, pack
-from tests.streams.test_streams_reliability import assert_quiet
+from tests.factories import assert_quiet
 
 
 def header(kind: str = "version", v: int = WIRE_VERSION, seq: int = 0) -> bytes:

@@ -13,7 +13,7 @@ from streams.messages import GenerationRequest, VersionAnnounced
 from streams.replies import open_replies
 from streams.wire import FRAME_LIMITS, LINK_BYTES, FrameCounter, Kind, LinkType, encode_link, pack
 from streams.zmq_channels import HWM_SLACK, sender_hwm
-from tests.streams.test_streams_reliability import assert_quiet
+from tests.factories import assert_quiet
 
 GOOD = VersionAnnounced("main", 7).to_body()
 

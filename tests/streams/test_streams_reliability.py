@@ -7,8 +7,7 @@ import zmq
 from streams.channels import ZmqTransport
 from streams.security import CurveKeys
 from streams.wire import LinkType, encode_link
-
-QUIET_S = 0.3  # how long "nothing arrives" is watched for
+from tests.factories import QUIET_S, assert_quiet, wait_in_flight
 
 
 def numbered(i: int) -> list[bytes]:
@@ -18,11 +17,6 @@ def numbered(i: int) -> list[bytes]:
 async def receive_numbers(receiver, count: int) -> list[int]:
     return [int(bytes((await receiver.receive())[1])) for _ in range(count)]
 
-
-async def assert_quiet(receiver) -> None:
-    with trio.move_on_after(QUIET_S):
-        extra = await receiver.receive()
-        raise AssertionError(f"unexpected message {extra!r}")
 
 
 async def send_until_blocked(sender, start: int) -> int:
@@ -311,13 +305,6 @@ async def receive_held(receiver, count: int) -> list[tuple[int, object]]:
         held.append((int(bytes(parts[1])), token))
     return held
 
-
-async def wait_in_flight(sender, unchanged: int) -> int:
-    """The sender's unacknowledged count once it is no longer ``unchanged``."""
-    with trio.fail_after(10):
-        while sender.statistics()["in_flight"] == unchanged:
-            await trio.sleep(0.01)
-    return sender.statistics()["in_flight"]
 
 
 def test_messages_done_out_of_order_are_acknowledged_up_to_the_oldest_not_done():

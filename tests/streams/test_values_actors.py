@@ -25,8 +25,8 @@ from streams.schema import Columns as C
 from streams.schema import decode_batch, decode_table, encode_table, trajectory_table
 from streams.values import check_rows
 from streams.wire import FrameCounter, Kind
-from tests.streams.test_values_arrow import bad_middle_offset, compressed
-from tests.streams.test_values_rows import POISON, row
+from tests.factories import bad_middle_offset, compressed
+from tests.factories import POISON, row
 
 
 def episode(name: str, *rows: dict) -> pa.Table:

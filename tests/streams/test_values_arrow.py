@@ -5,7 +5,6 @@ replay, then crashed the learner in ``to_pylist``), a zstd-compressed body that 
 streams (or trailing bytes) in one frame.
 """
 
-import struct
 import subprocess
 import sys
 import textwrap
@@ -15,25 +14,8 @@ import pytest
 
 from streams.schema import Columns as C
 from streams.schema import SchemaError, decode_batch, decode_table, encode_table, trajectory_table
+from tests.factories import bad_middle_offset, compressed, prompt_row as row
 
-
-def row(turn: int, prompt: int) -> dict:
-    return {C.EPISODE_ID: "env-0-1", C.ENV_NAME: "t", C.SEED: 0, C.TURN: turn, C.AGENT: 0, C.MATCHUP: "main",
-            C.POLICY_ID: "main", C.PROMPT_IDS: list(range(prompt)), C.ACTION_IDS: [1, 2], C.ACTION_TEXT: "",
-            C.BEHAVIOUR_LOGPROBS: [-0.5, -0.5], C.POLICY_VERSIONS: [0, 0], C.REWARD: 0.0, C.TERMINATED: False,
-            C.TRUNCATED: False, C.EPISODE_RETURN: 0.0, C.INVALID_ACTION: False, C.CREATED_AT: 0.0,
-            C.GENERATED_AT: 0.0, C.SCORED_AT: 0.0}
-
-
-def bad_middle_offset() -> bytes:
-    """An honest three-turn episode whose prompt_ids offsets [0, 101, 304, 611] became [0, 101, 2**31 - 65536, 611]:
-    the first and last offsets, which Arrow's light validation checks, are intact."""
-    body = bytearray(encode_table(trajectory_table([row(0, 101), row(1, 203), row(2, 307)])))
-    offsets = struct.pack("<4i", 0, 101, 304, 611)
-    at = body.find(offsets)
-    assert at >= 0 and body.find(offsets, at + 1) < 0
-    body[at + 8:at + 12] = struct.pack("<i", 0x7FFF0000)
-    return bytes(body)
 
 
 def test_a_bad_middle_offset_is_refused_before_anything_reads_it():
@@ -58,12 +40,6 @@ def test_the_bad_offset_frame_crashes_a_reader_that_trusts_it():
     assert "read 3" in child.stdout  # Arrow's reader took it ...
     assert child.returncode != 0  # ... and reading the column killed the process (SIGSEGV, or an error)
 
-
-def compressed(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
 
 
 def test_a_compressed_body_is_refused_before_it_is_expanded():

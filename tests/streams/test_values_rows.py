@@ -9,26 +9,8 @@ from streams.messages import GenerationRequest
 from streams.schema import Columns as C
 from streams.schema import decode_table, encode_table, trajectory_table
 from streams.values import REASONS, Rejections, RequestChecks, check_rows
+from tests.factories import POISON, row
 
-
-def row(episode="env-0-1", turn=0, **changes) -> dict:
-    base = {C.EPISODE_ID: episode, C.ENV_NAME: "t", C.SEED: 0, C.TURN: turn, C.AGENT: 0, C.MATCHUP: "main",
-            C.POLICY_ID: "main", C.PROMPT_IDS: [3, 4, 5], C.ACTION_IDS: [6, 7], C.ACTION_TEXT: "[1]",
-            C.BEHAVIOUR_LOGPROBS: [-0.5, -1.5], C.POLICY_VERSIONS: [2, 3], C.REWARD: 1.0, C.TERMINATED: False,
-            C.TRUNCATED: False, C.EPISODE_RETURN: 1.0, C.INVALID_ACTION: False, C.CREATED_AT: 1.0,
-            C.GENERATED_AT: 2.0, C.SCORED_AT: 3.0}
-    return {**base, **changes}
-
-
-POISON = {  # reason -> a row that must be refused for it (each beside honest rows)
-    "null": row(**{C.EPISODE_ID: None}),
-    "missing_id": row(**{C.EPISODE_ID: ""}),
-    "empty_prompt": row(**{C.PROMPT_IDS: []}),
-    "ragged": row(**{C.BEHAVIOUR_LOGPROBS: [-0.5]}),
-    "token_id": row(**{C.ACTION_IDS: [6, 1000]}),
-    "non_finite": row(**{C.REWARD: math.nan}),
-    "version": row(**{C.POLICY_VERSIONS: [2, -1]}),
-}
 
 
 def decoded(rows: list[dict]):

@@ -8,7 +8,7 @@ import pytest
 
 from actors.models.checkpoints import checkpoint_cursor
 from actors.replay.spill import account_episodes
-from tests.system.test_local_topology import wait_for
+from tests.factories import wait_for
 from tests.factories import BackgroundRun, small_config
 
 pytestmark = pytest.mark.ray

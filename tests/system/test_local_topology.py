@@ -8,17 +8,8 @@ from actors.runs.host import LocalCluster
 from actors.runs.topology import build_topology
 from actors.observe.monitor import MetricsLog
 from tests.factories import small_config
+from tests.factories import wait_for
 
-
-def wait_for(predicate, what: str, timeout: float = 120.0):
-    """Poll ``predicate`` until it returns a truthy value (progress, not timing: the deadline is generous)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.parametrize("transport", ["memory", "zmq"])

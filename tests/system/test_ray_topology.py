@@ -6,7 +6,7 @@ import zmq
 from actors.runs.ray_cluster import RayCluster
 from actors.runs.topology import build_topology
 from streams.wire import FrameCounter, Kind, LinkType, encode_link
-from tests.system.test_local_topology import wait_for
+from tests.factories import wait_for
 from tests.factories import small_config
 
 pytestmark = pytest.mark.ray

@@ -13,7 +13,7 @@ from actors.runs.control import send_scale
 from actors.models.checkpoints import checkpoint_cursor
 from actors.runs.driver import Driver
 from actors.replay.spill import account_episodes
-from tests.system.test_local_topology import wait_for
+from tests.factories import wait_for
 from tests.factories import BackgroundRun, small_config
 
 pytestmark = pytest.mark.ray

@@ -10,7 +10,7 @@ from actors.cli import main
 from actors.models.checkpoints import TRAINER_STATE
 from actors.runs.control import CONTROL_FILE
 from streams.private_files import SHM_DIR, _owner_prefix
-from tests.system.test_local_topology import wait_for
+from tests.factories import wait_for
 from tests.factories import BackgroundRun, small_config
 
 

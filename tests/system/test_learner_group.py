@@ -1,36 +1,13 @@
 """A learner group: two gloo ranks with FSDP2 train like one, and their checkpoints load on any rank count."""
 
-import random
 
 import pytest
-import torch
 
 from actors.learner import local_group
 from actors.models.base_model import load_policy
 from actors.learner.actor import LearnerConfig
-from streams.schema import Columns, trajectory_table
+from tests.factories import largest_difference, random_table as table
 
-
-def table(seed: int, vocab: int, rows: int = 24):
-    rng = random.Random(seed)
-    out = []
-    for i in range(rows):
-        n = rng.randint(1, 6)
-        out.append({Columns.EPISODE_ID: f"e{seed}-{i // 2}", Columns.ENV_NAME: "t", Columns.SEED: 0,
-                    Columns.TURN: i % 2, Columns.AGENT: i % 2, Columns.MATCHUP: "self", Columns.POLICY_ID: "main",
-                    Columns.PROMPT_IDS: [rng.randrange(2, vocab) for _ in range(rng.randint(2, 16))],
-                    Columns.ACTION_IDS: [rng.randrange(2, vocab) for _ in range(n)], Columns.ACTION_TEXT: "",
-                    Columns.BEHAVIOUR_LOGPROBS: [-rng.uniform(1, 5) for _ in range(n)],
-                    Columns.POLICY_VERSIONS: [0] * n, Columns.REWARD: rng.choice([-1.0, 1.0]),
-                    Columns.TERMINATED: True, Columns.TRUNCATED: False,
-                    Columns.EPISODE_RETURN: rng.choice([-1.0, 1.0]), Columns.INVALID_ACTION: False,
-                    Columns.CREATED_AT: 0.0, Columns.GENERATED_AT: 0.0, Columns.SCORED_AT: 0.0})
-    return trajectory_table(out)
-
-
-def largest_difference(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
 @pytest.fixture(scope="module")

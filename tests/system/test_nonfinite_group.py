@@ -9,7 +9,7 @@ from actors.learner.actor import LearnerConfig
 from actors.learner.update import Objective
 from streams.schema import Columns as C
 from streams.schema import trajectory_table
-from tests.learner.test_learner_group import largest_difference, table
+from tests.factories import largest_difference, random_table as table
 
 
 @pytest.mark.timeout(600)
