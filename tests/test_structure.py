@@ -272,6 +272,15 @@ def test_every_actor_package_has_its_actor_module():
         assert path.exists(), f"{package} has no actor.py (the actor's class and its config)"
 
 
+def test_no_test_module_imports_another():
+    """What two tests share lives in ``tests/factories.py`` (or another module not named ``test_*``)."""
+    imports = imports_of(find_modules(ROOT, ("tests",) + PACKAGES))
+    offenders = [str(i) for module, found in imports.items() if module.startswith("tests")
+                 for i in found if i.target.rpartition(".")[2].startswith("test_")]
+    assert not offenders, "tests importing test modules (move what they share to tests/factories.py):\n    " + \
+        "\n    ".join(offenders)
+
+
 def test_no_module_is_over_600_lines():
     lengths = {path: len(path.read_text().splitlines()) for path in find_modules(ROOT, PACKAGES).values()}
     over = sorted(((n, path) for path, n in lengths.items() if n > MAX_LINES), reverse=True)
