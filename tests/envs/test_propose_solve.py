@@ -428,7 +428,7 @@ def test_the_benchmarks_answer_forms_account_for_every_held_out_task(tiny_model_
     import ast
     import re
 
-    from benchmarks.role_selfplay import answer_forms, heldout_tasks
+    from research.role_selfplay import answer_forms, heldout_tasks
 
     text = answer_forms(tiny_model_dir, heldout_tasks(12))
     verdicts = ast.literal_eval(re.search(r"answers: (\{.*?\});", text)[1])
@@ -459,7 +459,7 @@ def test_the_benchmarks_proposal_validity_counts_every_deal_with_and_without_sto
     """``role_selfplay.py --proposals``: each deal's form is counted once a part, and no more are valid than drawn."""
     import re
 
-    from benchmarks.role_selfplay import proposal_validity
+    from research.role_selfplay import proposal_validity
 
     text = proposal_validity(tiny_model_dir, episodes=8)
     parts = text.split("; ")
@@ -594,7 +594,7 @@ def test_the_benchmarks_held_out_filter_sees_every_task_set_in_the_run_not_only_
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from benchmarks.role_selfplay import heldout_tasks, seen_tasks, solver_task
+    from research.role_selfplay import heldout_tasks, seen_tasks, solver_task
     from envs.task_buffer import TaskBuffer
 
     held = heldout_tasks(4)

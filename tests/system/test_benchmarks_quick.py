@@ -9,10 +9,11 @@ import pytest
 import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+RESEARCH = Path(__file__).resolve().parents[2] / "research"
 
 
-def run(script: str, tmp_path, *args) -> list[str]:
-    done = subprocess.run([sys.executable, str(BENCHMARKS / script), "--quick", "--out", str(tmp_path), *args,
+def run(script: str, tmp_path, *args, folder: Path = BENCHMARKS) -> list[str]:
+    done = subprocess.run([sys.executable, str(folder / script), "--quick", "--out", str(tmp_path), *args,
                            f"model.cache_dir={tmp_path / 'models'}"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -69,7 +70,7 @@ def test_league_quick_on_ray(tmp_path, tiny_model_dir):
 def test_tictactoe_tactics_scores_every_position_with_a_threat(tiny_model_dir):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("tictactoe_tactics", BENCHMARKS / "tictactoe_tactics.py")
+    spec = importlib.util.spec_from_file_location("tictactoe_tactics", RESEARCH / "tictactoe_tactics.py")
     tactics = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tactics)
     games = tactics.positions()
@@ -82,7 +83,7 @@ def test_tictactoe_tactics_scores_every_position_with_a_threat(tiny_model_dir):
     assert tactics.exact_nonloss(games, uniform, 1) == pytest.approx(0.2881 + 0.1270, abs=2e-4)
     assert tactics.exact_nonloss(games, uniform * 0.5, 0) < 0.5  # half of every move invalid: forfeits
 
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "tictactoe_tactics.py"), str(tiny_model_dir)],
+    done = subprocess.run([sys.executable, str(RESEARCH / "tictactoe_tactics.py"), str(tiny_model_dir)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
@@ -157,7 +158,7 @@ def test_kuhn_bounds_quick(tmp_path):
                                     {"[check]": 0.5, "[bet]": 0.5})
                for card in range(3) for history in ("", "p", "b", "pb")}
     (tmp_path / "league.json").write_text(json.dumps({"base_policy": uniform}))
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "kuhn_bounds.py"), "--quick", "--magnet",
+    done = subprocess.run([sys.executable, str(RESEARCH / "kuhn_bounds.py"), "--quick", "--magnet",
                            str(tmp_path / "league.json"), "--alphas", "0.05"], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -175,7 +176,7 @@ def test_kuhn_bounds_quick(tmp_path):
 def test_role_selfplay_quick(tmp_path):
     """The arithmetic role recipe end to end: proposals, solver attempts with roles, the task buffer kept with
     the run, the held-out scoring before and after."""
-    lines = run("role_selfplay.py", tmp_path)
+    lines = run("role_selfplay.py", tmp_path, folder=RESEARCH)
     last = re.fullmatch(r"solver_heldout_start=([\d.]+) solver_heldout_final=([\d.]+) solver_gain=(-?[\d.]+) "
                         r"proposal_solve_rate_last_third=([\d.]+|nan) valid_proposals=([\d.]+|nan)", lines[-1])
     assert last, lines[-1]

@@ -1,6 +1,6 @@
 """A run killed with SIGKILL halfway and resumed: does its learning curve go on from where it was?
 
-    python benchmarks/resume_curve.py [--minutes 8] [--kill-after 4] [--out runs/resume] [overrides...]
+    python research/resume_curve.py [--minutes 8] [--kill-after 4] [--out runs/resume] [overrides...]
 
 Starts the default job (`tidal launch`, embedded Ray) in a session of its own, lets it train ``--kill-after``
 minutes (past an evaluation during training), then kills every process of that session with SIGKILL: no clean

@@ -1,6 +1,6 @@
 """Why the Kuhn Poker main agent stays card-blind: two cheap probes, no league run (a few minutes on a CPU).
 
-    python benchmarks/kuhn_card_probe.py [--steps N] [--lr X] [hydra overrides of configs/league.yaml...]
+    python research/kuhn_card_probe.py [--steps N] [--lr X] [hydra overrides of configs/league.yaml...]
 
 1. ``signal``: exact action values (no sampling) of a card-blind learner betting/calling with probability q at
    every information state, against the main agent's training mix of league.yaml (self-play 0.35, random and
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from league import kuhn_prompt  # noqa: E402 (the benchmark's prompt of an OpenSpiel information state)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.league import kuhn_prompt  # noqa: E402 (the league benchmark's prompt of an information state)
 
 from actors.models.base_model import ensure_base_model, load_policy, tiny_model_config  # noqa: E402
 from actors.cli import load_config  # noqa: E402

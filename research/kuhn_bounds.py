@@ -1,6 +1,6 @@
 """What the league benchmark's two Kuhn Poker targets allow together: exact, no model involved.
 
-    python benchmarks/kuhn_bounds.py [--bound 0.1] [--seed 0] [--quick]
+    python research/kuhn_bounds.py [--bound 0.1] [--seed 0] [--quick]
 
 The league benchmark asks for a main agent with NashConv <= 0.1 that wins >= 0.6 of its hands against the
 uniformly random player. This prints, exactly (OpenSpiel over every deal and move):
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from league import exact_vs_random, opponent_probabilities, tabular_policy  # noqa: E402 (benchmarks/league.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.league import exact_vs_random, opponent_probabilities, tabular_policy  # noqa: E402
 
 from envs.opponents import KuhnEquilibrium  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Role self-play on the arithmetic recipe: does the solver get better at tasks it never proposed, and does the
 proposer's curriculum stay learnable?
 
-    python benchmarks/role_selfplay.py [--quick] [--minutes 12] [--heldout 200] [overrides...]
+    python research/role_selfplay.py [--quick] [--minutes 12] [--heldout 200] [overrides...]
 
 One policy proposes Countdown tasks and solves them (`env=propose_solve`, `docs/roles.md`): each episode a
 proposal and k = 4 solver attempts at it, GRPO over the attempts for the solver and a running baseline for the
@@ -45,7 +45,7 @@ from pathlib import Path
 
 # configs/recipe/propose_solve.yaml, and a base model warmed up on the recipe's form with a task buffer of its own:
 # the run's proposer prompts show stored tasks, and one warmed up on prompts without them wrote valid expressions of
-# the drawn form 4% of the time when they were there (85% without; benchmarks/RESULTS.md, "Role self-play")
+# the drawn form 4% of the time when they were there (85% without; research/RESULTS.md, "Role self-play")
 FORMS = ("copy", "a+b", "a-b", "a*b")  # configs/env/propose_solve.yaml's forms: what the recipe's typed witness draws
 SOLVER_TASK = re.compile(r"Numbers: ([\d ]+)\. Target: (\d+)\.")  # a solver's prompt (ProposeSolve.observation)
 

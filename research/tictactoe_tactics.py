@@ -1,6 +1,6 @@
 """What a TicTacToe policy has learned: does it read the board's threats, or play cells in a fixed order?
 
-    python benchmarks/tictactoe_tactics.py <policy dir> [--temperature T]
+    python research/tictactoe_tactics.py <policy dir> [--temperature T]
 
 Scores every reachable position in which the player to move can win at once, or must block the opponent's
 line, by the policy's probability of each move text (``[c]``, its tokens after the position's prompt, at the

@@ -1,6 +1,6 @@
 """Micro-batches by length, and rows with no gradient: what the learner computed for nothing.
 
-    python benchmarks/padding.py [--rounds 3] [--rows 320] [--long-share 0.2] [--idle-share 0.5]
+    python research/padding.py [--rounds 3] [--rows 320] [--long-share 0.2] [--idle-share 0.5]
 
 A role game mixes rows of very different lengths in one minibatch: in ``propose_solve`` a proposer's row (its
 prompt shows earlier tasks) is about 230 tokens, a solver's about 60, one proposer to four solvers. Padded all to
