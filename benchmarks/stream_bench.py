@@ -16,11 +16,11 @@ from pathlib import Path
 import trio
 import zmq
 
-from benchmarks.fixtures import TOKENS, trajectory_batch
 from streams.endpoints import Inbox, Outbox
 from streams.channels import ZmqTransport
 from streams.schema import decode_table, encode_table
 from streams.wire import Kind
+from tests.support.trajectories import TOKENS, trajectory_batch
 
 # -- 1. trajectories: three ways ----------------------------------------------------------------------
 
@@ -309,7 +309,7 @@ def main() -> None:
     if args.trajectories:
         rates = bench_trajectories(args.quick)
         return print(f"vs_ray={rates['tidal'] / rates['ray']:.2f} vs_raw={rates['tidal'] / rates['raw']:.2f}")
-    from benchmarks.stream_fuzz import fuzz_live_actors, summary  # here: it imports every actor (no producer needs)
+    from tests.support.stream_fuzz import fuzz_live_actors, summary  # here: it imports every actor (no producer needs)
 
     rates = bench_trajectories(args.quick)
     seconds = bench_weights(args.quick)

@@ -232,7 +232,7 @@ def test_the_fuzzer_accounts_for_every_frame_and_every_actor_still_serves(tiny_m
     """`benchmarks/streams.py` reported `actors still serving: False`: its reward actor sent to a sink that never
     acknowledged, and a reward actor counts an episode scored only once replay has acknowledged it, so the check's
     episode was held, never scored. Wired reward -> replay -> learner, every actor is seen to serve (or not)."""
-    from benchmarks.stream_fuzz import Fuzzer
+    from tests.support.stream_fuzz import Fuzzer
 
     result = Fuzzer(20, str(tmp_path)).run(str(tiny_model_dir))
     assert result["serving"] == dict.fromkeys(["rollout", "reward->replay->learner", "learner.fetch", "league", "env"],

@@ -1,7 +1,8 @@
-"""benchmarks/poison.py: well-typed poison of every class through a live reward -> replay -> learner pipeline and a
-league, over ZeroMQ; none of it is found in a spill, a trained batch or the journal, and no honest row is lost."""
+"""tests/support/poison.py (which benchmarks/poison.py runs): well-typed poison of every class through a live
+reward -> replay -> learner pipeline and a league, over ZeroMQ; none of it is found in a spill, a trained batch or
+the journal, and no honest row is lost."""
 
-from benchmarks import poison
+from tests.support import poison
 
 
 def test_no_poison_is_kept_and_every_honest_row_is(tiny_model_dir):

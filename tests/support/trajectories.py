@@ -1,4 +1,5 @@
-"""What more than one benchmark builds its inputs from: a batch of trajectories with every column filled."""
+"""A batch of trajectories with every column filled: the traffic of `benchmarks/stream_bench.py`, and the episode
+body the fuzzer (`stream_fuzz.py`) makes its bad frames from."""
 
 from __future__ import annotations
 
