@@ -229,9 +229,10 @@ def test_a_reply_address_that_never_acknowledges_stalls_only_itself():
 
 
 def test_the_fuzzer_accounts_for_every_frame_and_every_actor_still_serves(tiny_model_dir, tmp_path):
-    """`benchmarks/streams.py` reported `actors still serving: False`: its reward actor sent to a sink that never
-    acknowledged, and a reward actor counts an episode scored only once replay has acknowledged it, so the check's
-    episode was held, never scored. Wired reward -> replay -> learner, every actor is seen to serve (or not)."""
+    """The stream benchmark (`benchmarks/stream_bench.py`) reported `actors still serving: False`: its reward actor
+    sent to a sink that never acknowledged, and a reward actor counts an episode scored only once replay has
+    acknowledged it, so the check's episode was held, never scored. Wired reward -> replay -> learner, every actor
+    is seen to serve (or not)."""
     from tests.support.stream_fuzz import Fuzzer
 
     result = Fuzzer(20, str(tmp_path)).run(str(tiny_model_dir))
