@@ -13,7 +13,7 @@ its own learner, replay and rollout actor, on an embedded Ray cluster over ZeroM
   legal moves: what sampling at temperature 1 plays, given that it plays a legal move);
 - the base model's and the main agent's win rate (share of hands won) and chips a hand against the random
   player, computed exactly from those move probabilities. (No policy within 0.1 of NashConv wins 0.6 of its
-  hands against random: benchmarks/kuhn_bounds.py.)
+  hands against random: research/kuhn_bounds.py.)
 - the NashConv of the average of the main agent's snapshots (each weighted by its own reach: the strategy that
   plays one snapshot, drawn uniformly, per hand; fictitious play's average converges where its last iterate
   need not). The main agent's own NashConv stays the measure of the last line.
