@@ -17,7 +17,7 @@ reachable) and the proposer writes a target, ``[17]``; repeats are then the deal
 ``[4 * 5]``, whose value is the target (Absolute Zero's executor): ``free``, any with an operation; ``typed``, of
 the form drawn evenly from ``forms``, which the prompt names and which is the episode's ``task_type``. Solvers
 see the numbers ascending. ``deal_tasks``: the env sets every task (numbers and a target drawn evenly from those
-they reach) and the proposer has no move: the recipe's control (``benchmarks/role_selfplay.py``).
+they reach) and the proposer has no move: the recipe's control (``research/role_selfplay.py``).
 ``balance_kinds``: a kind of task (``task_kind``) past a fair share of the buffer's recent proposals pays its
 learnability times that share over its own (``kind_balance``). ``reserved``: tasks the game never sets (a
 benchmark's held-out set): a dealt task is drawn again, and a proposal of one ends the episode, everyone at 0.
