@@ -50,9 +50,9 @@ from actors.models.checkpoints import TRAINER_STATE, find_checkpoint, fresh_besi
 from actors.learner.dataset import EpisodeDataset
 from actors.models.devices import check_device, check_dtype
 from actors.models.snapshots import snapshot_id
-from actors.learner.microbatches import Shard
+from actors.learner.group import Shard, join_group, open_rendezvous
 from actors.learner.staleness import AutoStaleness, Guard, StalenessControl, parse_max_staleness
-from actors.learner.trainer import Trainer, join_group, open_rendezvous
+from actors.learner.trainer import Trainer
 from actors.learner.update import Objective
 from streams.endpoints import Inbox, Outbox
 from streams.weights import WeightsPublisher, weights_to_bytes

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from actors.learner.microbatches import Shard
-from actors.learner.trainer import Trainer, join_group, open_rendezvous
+from actors.learner.group import Shard, join_group, open_rendezvous
+from actors.learner.trainer import Trainer
 
 
 def local_bytes(tensors) -> int:

@@ -8,73 +8,25 @@ proposer's row is about four times a solver's tokens and is most of what the lea
 A micro-batch is padded to its own longest row only, so its memory is about ``rows x longest`` tokens:
 ``max_tokens_per_microbatch`` bounds that product. Rows are sorted by length before they are cut (rows of
 similar length share a micro-batch: little padding). A row longer than the budget is a micro-batch of its own.
-With a budget or without, a row at most ``1 / MAX_SPREAD`` (``actors/models/padding.py``) as long as its micro-batch's longest starts the next
-one, so padding never more than doubles a pass's tokens: a minibatch of proposer rows (about 230 tokens) and
-solver rows (about 60) padded all to the longest cost the learner three times its tokens
-(``benchmarks/padding.py``).
+With a budget or without, a row at most ``1 / MAX_SPREAD`` (``actors/models/padding.py``) as long as its
+micro-batch's longest starts the next one, so padding never more than doubles a pass's tokens: a minibatch of
+proposer rows (about 230 tokens) and solver rows (about 60) padded all to the longest cost the learner three
+times its tokens (``benchmarks/padding.py``).
 
 With a group of ``world`` ranks, the length-sorted rows are dealt round-robin to the ranks (each gets about the
 same tokens), and every rank runs the same number of micro-batches: a sharded model gathers its parameters in
 every forward pass, so the ranks' passes must pair up. A rank with fewer rows than micro-batches runs empty
-ones (a row whose action mask is empty: it adds nothing to the loss or the gradient).
-
-``Shard`` is where a rank stands in its group; its sums and maxima go through ``torch.distributed``.
+ones (a row whose action mask is empty: it adds nothing to the loss or the gradient). The group itself, its
+ranks and their sums: ``actors/learner/group.py``.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
 from actors.models.padding import cut
 
 NEGLIGIBLE_ADVANTAGE = 1e-6  # a row's |advantage| at most this has no gradient (``trained_rows``)
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Rank ``rank`` of ``world`` learner processes training one policy data-parallel (``world=1``: alone)."""
-
-    rank: int = 0
-    world: int = 1
-
-    def sum(self, values: list[float]) -> list[float]:
-        return self._reduce(values, "SUM")
-
-    def max(self, values: list[float]) -> list[float]:
-        return self._reduce(values, "MAX")
-
-    def merge(self, weighted: dict[str, float]) -> dict[str, float]:
-        """A minibatch's statistics over the group: token-weighted means add up, maxima take the largest."""
-        maxima = sorted(k for k in weighted if k.endswith("_max"))
-        sums = sorted(k for k in weighted if k not in maxima)
-        return {**dict(zip(sums, self.sum([weighted[k] for k in sums]))),
-                **dict(zip(maxima, self.max([weighted[k] for k in maxima])))}
-
-    def _reduce(self, values: list[float], op: str) -> list[float]:
-        if self.world == 1 or not values:
-            return list(values)
-        import torch.distributed as dist
-
-        tensor = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op), group=control_group())
-        return tensor.tolist()
-
-
-_CONTROL = {}
-
-
-def control_group():
-    """A gloo group over every rank for small CPU messages (statistics, commands), whatever the training
-    backend (NCCL on GPUs): made once per process group."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return None
-    if "group" not in _CONTROL:
-        _CONTROL["group"] = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
-    return _CONTROL["group"]
 
 
 def plan(lengths: list[int], budget: int | None, world: int = 1) -> list[list[list[int]]]:

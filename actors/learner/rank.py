@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import trio
 
 from actors.learner.actor import LearnerConfig
-from actors.learner.microbatches import Shard
-from actors.learner.trainer import Trainer, group_failure, join_group
+from actors.learner.group import Shard, group_failure, join_group
+from actors.learner.trainer import Trainer
 
 log = logging.getLogger(__name__)
 

@@ -1,14 +1,11 @@
 """The learner's model, optimizer and objective state on one rank of a learner group.
 
-A learner group is ``learner.ranks`` processes that train one policy data-parallel: the model is sharded
-over them with FSDP2 (``fully_shard``, one unit per transformer block) on torch.distributed, NCCL on GPUs and
-gloo on CPUs. Rank 0 is the ``LearnerActor``: it receives the batches, keeps the version and publishes weights;
-ranks 1.. (``LearnerRankActor``) follow it. Every method marked ``collective`` runs on every rank: on rank 0 it
-first broadcasts its name and arguments (a pickled message on a gloo group), and the other ranks, waiting in
-``serve``, run the same. With one rank nothing is broadcast and nothing is sharded.
-
-Each rank gets the whole batch, computes the same advantages (so its ``TrainerState`` stays the same as rank
-0's), and trains its share of each minibatch's rows (``actors/learner/microbatches.py``); FSDP sums the gradients.
+``Trainer`` is one rank's share of the learner: with one rank, the whole of it. In a group of ``learner.ranks``
+processes (``actors/learner/group.py``: how they meet, shard the model and act as one) rank 0's ``Trainer``
+belongs to the ``LearnerActor`` and the others' to ``LearnerRankActor``s, waiting in ``serve`` for what rank 0
+runs. Each rank gets the whole batch, computes the same advantages (so its ``TrainerState`` stays the same as
+rank 0's), and trains its share of each minibatch's rows (``actors/learner/microbatches.py``); FSDP sums the
+gradients.
 
 A checkpoint is a directory: the policy as a Hugging Face model (rank 0 gathers the full weights), the
 optimizer's state written by every rank with torch.distributed.checkpoint (``optimizer/``: it loads on any
@@ -20,92 +17,23 @@ autocast with one rank), and log-probs are fp32.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import functools
 import logging
-import os
 import shutil
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 
-from actors.models.checkpoints import FORMAT, OPTIMIZER_DIR, TRAINER_STATE, load_optimizer, load_trainer_state, plain_state_values, state_values_from_plain
 from actors.models.base_model import load_policy
+from actors.models.checkpoints import (FORMAT, OPTIMIZER_DIR, TRAINER_STATE, load_optimizer, load_trainer_state,
+                                      plain_state_values, state_values_from_plain)
 from actors.models.devices import resolve_device, resolve_dtype
 from actors.models.snapshots import write_snapshot
-from actors.learner.microbatches import Shard, control_group
+from actors.learner.group import Shard, collective, control_group, group_failure, shard_model
 from actors.learner.update import TrainerState, collate, policy_gradient_step
 from streams.values import check_rows
 
 log = logging.getLogger(__name__)
-
-GROUP_TIMEOUT = timedelta(minutes=30)  # a collective that waits longer than this for a rank fails
-
-
-def open_rendezvous(host: str, world: int):
-    """Rank 0's store, on a free port of ``host``: the other ranks meet there (returns the store, 'host:port')."""
-    import torch.distributed as dist
-
-    store = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False, timeout=GROUP_TIMEOUT)
-    return store, f"{host}:{store.port}"
-
-
-def join_group(shard: Shard, device: torch.device, rendezvous: str, store=None) -> None:
-    """Join the learner group's process group (rank 0 passes the store it opened)."""
-    import torch.distributed as dist
-
-    if store is None:
-        host, port = rendezvous.rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), shard.world, is_master=False, timeout=GROUP_TIMEOUT)
-    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", store=store, rank=shard.rank,
-                            world_size=shard.world, timeout=GROUP_TIMEOUT)
-    control_group()
-
-
-def shard_model(model, world: int, device: torch.device, dtype: torch.dtype) -> None:
-    """FSDP2 over the group: each transformer block (the model's ``_no_split_modules``) a unit, then the rest."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mesh = init_device_mesh(device.type, (world,))
-    precision = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    blocks = set(getattr(model, "_no_split_modules", None) or ())
-    for module in list(model.modules()):
-        if type(module).__name__ in blocks:
-            fully_shard(module, mesh=mesh, mp_policy=precision)
-    fully_shard(model, mesh=mesh, mp_policy=precision)
-
-
-def collective(method):
-    """A method every rank runs: rank 0 tells the others first (see the module's docstring)."""
-
-    @functools.wraps(method)
-    def run(self, *args):
-        if self.shard.world == 1:
-            return method(self, *args)
-        with group_failure(self.shard):
-            if self.shard.rank == 0:
-                import torch.distributed as dist
-
-                dist.broadcast_object_list([(method.__name__, args)], src=0, group=control_group())
-            return method(self, *args)
-
-    return run
-
-
-@contextlib.contextmanager
-def group_failure(shard: Shard):
-    """A rank whose collective work fails leaves the group in an unknown state (the others may wait in a
-    collective it never joins): it ends its process, so that the run sees a dead actor and starts the group again
-    from its last checkpoint, instead of a live actor whose loop has stopped."""
-    try:
-        yield
-    except BaseException:
-        log.exception("rank %d of %d: the learner group failed; ending this process", shard.rank, shard.world)
-        logging.shutdown()
-        os._exit(70)
 
 
 class NonFiniteWeights(RuntimeError):

@@ -18,7 +18,7 @@ from algos.advantages import (StateValues, discounted_returns, grpo_advantages, 
 from algos.losses import (decoupled_ppo_loss, entropy_bonus, kl_cost_to_go, kl_penalty, ppo_clip_loss,
                           reinforce_loss, token_logprobs, truncated_is_loss)
 from actors.learner import microbatches
-from actors.learner.microbatches import Shard
+from actors.learner.group import Shard
 from streams.schema import Columns, trajectory_table
 
 LOSSES = ("decoupled_ppo", "ppo", "truncated_is", "reinforce")

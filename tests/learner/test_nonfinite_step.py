@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from actors.learner.actor import LearnerConfig
-from actors.learner.microbatches import Shard
+from actors.learner.group import Shard
 from actors.learner.trainer import NonFiniteWeights, Trainer, finite
 from actors.learner.update import Objective, TrainerState, collate, policy_gradient_step
 from streams.schema import Columns as C
