@@ -67,7 +67,8 @@ async def measure(args, model_dir: str, prompts: list[list[int]], weights_dir: s
 
     from streams.endpoints import Inbox, Outbox
     from actors.rollout.actor import RolloutActor, RolloutConfig
-    from actors.learner.update import Objective, TrainerState, behaviour_gap, policy_gradient_step, single_turn_batch
+    from actors.learner.batch import single_turn_batch
+    from actors.learner.update import Objective, ObjectiveState, behaviour_gap, policy_gradient_step
     from streams.weights import WeightsPublisher, weights_to_bytes
     from streams.channels import MemoryTransport
     from streams.messages import WEIGHTS_TOPIC, decode_completions
@@ -102,7 +103,7 @@ async def measure(args, model_dir: str, prompts: list[list[int]], weights_dir: s
         rng = random.Random(1)  # one learner step on vLLM's completions, with random returns: version 1
         batch = single_turn_batch(check, sampled[:256], [float(rng.choice([-1, 1])) for _ in check])
         policy_gradient_step(learner, torch.optim.Adam(learner.parameters(), lr=5e-3), batch, Objective(),
-                             TrainerState(), temperature=1.0)
+                             ObjectiveState(), temperature=1.0)
         result["update_moved"] = behaviour_gap(learner, batch, 1.0)
         await weights.publish(1, weights_to_bytes(learner))
         after = await clients["vllm"].generate(check, args.max_tokens, min_version=1)

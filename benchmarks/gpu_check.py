@@ -96,7 +96,7 @@ class Completion:  # what single_turn_batch reads of a completion
 
 def synthetic_batch(rows: int, seq_len: int, token_range: int, vocab_size: int, generator: torch.Generator):
     """Single-turn episodes of ``seq_len`` tokens (a quarter of them the action), returns +-1."""
-    from actors.learner.update import single_turn_batch
+    from actors.learner.batch import single_turn_batch
 
     action = max(1, seq_len // 4)
     ids = torch.randint(2, token_range, (rows, seq_len), generator=generator).tolist()
@@ -112,9 +112,9 @@ def synchronize(device: torch.device) -> None:
 
 
 def measure_learner(model, args, token_range: int, device: torch.device, compute_dtype: torch.dtype) -> dict:
-    from actors.learner.update import Objective, TrainerState, policy_gradient_step
+    from actors.learner.update import Objective, ObjectiveState, policy_gradient_step
 
-    objective, state = Objective(), TrainerState()
+    objective, state = Objective(), ObjectiveState()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     generator = torch.Generator().manual_seed(0)
     batches = [synthetic_batch(args.batch, args.seq_len, token_range, model.config.vocab_size, generator)

@@ -38,9 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from actors.learner import local_group  # noqa: E402
 from actors.models.random_model import ModelShape, ensure_random_model, parameter_count  # noqa: E402
 from actors.learner.actor import LearnerConfig  # noqa: E402
+from actors.learner.batch import collate  # noqa: E402
 from actors.learner.group import Shard  # noqa: E402
 from actors.learner.trainer import Trainer  # noqa: E402
-from actors.learner.update import Objective, action_logprobs, collate  # noqa: E402
+from actors.learner.update import Objective, action_logprobs  # noqa: E402
 from algos.losses import decoupled_ppo_loss, token_logprobs  # noqa: E402
 from streams.schema import Columns, trajectory_table  # noqa: E402
 

@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actors.learner import microbatches  # noqa: E402
 from actors.models import padding  # noqa: E402
-from actors.learner.update import Objective, TrainerState, policy_gradient_step, single_turn_batch  # noqa: E402
+from actors.learner.batch import single_turn_batch  # noqa: E402
+from actors.learner.update import Objective, ObjectiveState, policy_gradient_step  # noqa: E402
 
 
 def mixed_prompts(rows: int, long_share: float, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -78,7 +79,8 @@ def update(model, batch, spread: float, advantage: str = "grpo") -> tuple[float,
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4)
     start = time.perf_counter()
     stats = policy_gradient_step(model, optimizer, batch, Objective(minibatches=2, advantage=advantage),
-                                 TrainerState(), temperature=1.0, version=0, generator=torch.Generator().manual_seed(0))
+                                 ObjectiveState(), temperature=1.0, version=0,
+                                 generator=torch.Generator().manual_seed(0))
     return time.perf_counter() - start, stats["microbatches"]
 
 

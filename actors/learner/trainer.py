@@ -3,7 +3,7 @@
 ``Trainer`` is one rank's share of the learner: with one rank, the whole of it. In a group of ``learner.ranks``
 processes (``actors/learner/group.py``: how they meet, shard the model and act as one) rank 0's ``Trainer``
 belongs to the ``LearnerActor`` and the others' to ``LearnerRankActor``s, waiting in ``serve`` for what rank 0
-runs. Each rank gets the whole batch, computes the same advantages (so its ``TrainerState`` stays the same as
+runs. Each rank gets the whole batch, computes the same advantages (so its ``ObjectiveState`` stays the same as
 rank 0's), and trains its share of each minibatch's rows (``actors/learner/microbatches.py``); FSDP sums the
 gradients.
 
@@ -29,8 +29,9 @@ from actors.models.checkpoints import (FORMAT, OPTIMIZER_DIR, TRAINER_STATE, loa
                                       plain_state_values, state_values_from_plain)
 from actors.models.devices import resolve_device, resolve_dtype
 from actors.models.snapshots import write_snapshot
+from actors.learner.batch import collate
 from actors.learner.group import Shard, collective, control_group, group_failure, shard_model
-from actors.learner.update import TrainerState, collate, policy_gradient_step
+from actors.learner.update import ObjectiveState, policy_gradient_step
 from streams.values import check_rows
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class Trainer:
         self.cfg, self.shard = cfg, shard
         self.device = resolve_device(cfg.device, local_rank=shard.rank)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
-        self.state = TrainerState()
+        self.state = ObjectiveState()
         self.model = self.tokenizer = self.optimizer = self.reference = None
         self._fresh_optimizer = None  # the optimizer's state before any update: what a reset goes back to
         self._anchors: list[dict] = []  # weights a guard's rollback goes back to (actors/learner/staleness.py)
@@ -80,8 +81,8 @@ class Trainer:
             self.optimizer.load_state_dict(saved["optimizer"])
         else:
             raise FileNotFoundError(f"{checkpoint} holds no optimizer state that {self.shard.world} ranks can load")
-        self.state = TrainerState(role_ids=saved["role_ids"], baselines=saved["baselines"],
-                                  state_values=state_values_from_plain(saved.get("state_values")))
+        self.state = ObjectiveState(role_ids=saved["role_ids"], baselines=saved["baselines"],
+                                    state_values=state_values_from_plain(saved.get("state_values")))
         return saved
 
     def _policy(self, path):
@@ -190,7 +191,7 @@ class Trainer:
         base, _ = load_policy(self.cfg.model_path)
         set_model_state_dict(self.model, base.state_dict(), options=StateDictOptions(full_state_dict=True))
         self.optimizer.load_state_dict(self._fresh_optimizer)
-        self.state = TrainerState()
+        self.state = ObjectiveState()
 
     @collective
     def keep_anchor(self) -> None:

@@ -1,16 +1,18 @@
-"""From a training batch (an Arrow table of agent-turns) to one policy-gradient update.
+"""The update maths: from a ``TokenBatch`` (``actors/learner/batch.py``) to one policy-gradient update.
 
-``Objective`` names the advantage estimator and the loss (pure functions in ``algos/``) and their
-settings; ``policy_gradient_step`` computes returns, advantages and the loss, and steps the optimizer."""
+``Objective`` names the advantage estimator and the loss (pure functions in ``algos/``) and their settings;
+``ObjectiveState`` is what the objective carries from one batch to the next (the baselines).
+``policy_gradient_step`` computes returns, advantages and the loss, and steps the optimizer: its minibatches,
+their micro-batches (``actors/learner/microbatches.py``) and, in a learner group, each rank's share of them
+(``actors/learner/group.py``). ``ImportanceStats`` measures how far the behaviour policy that sampled the tokens
+lies from the proximal one that the update corrects towards.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-import pyarrow as pa
 import torch
 
 from algos.advantages import (StateValues, discounted_returns, grpo_advantages, rae_advantages, rebn_advantages,
@@ -18,8 +20,8 @@ from algos.advantages import (StateValues, discounted_returns, grpo_advantages, 
 from algos.losses import (decoupled_ppo_loss, entropy_bonus, kl_cost_to_go, kl_penalty, ppo_clip_loss,
                           reinforce_loss, token_logprobs, truncated_is_loss)
 from actors.learner import microbatches
+from actors.learner.batch import TokenBatch
 from actors.learner.group import Shard
-from streams.schema import Columns, trajectory_table
 
 LOSSES = ("decoupled_ppo", "ppo", "truncated_is", "reinforce")
 ADVANTAGES = ("rae", "rae_state", "grpo", "grpo_mean", "rebn", "role_grpo")
@@ -32,7 +34,8 @@ NONFINITE_LOSS = "nonfinite_loss_max"  # while a minibatch runs: 1 if a micro-ba
 class Objective:
     """What the learner optimises. Defaults: RAE advantages with the decoupled PPO loss (self-play)."""
 
-    loss: str = "decoupled_ppo"  # decoupled_ppo | ppo (clip on pi/mu: naive off-policy) | truncated_is | reinforce
+    loss: str = "decoupled_ppo"  # decoupled_ppo | ppo (clip on pi/mu: "naive" off-policy PPO) | truncated_is |
+    # reinforce
     advantage: str = "rae"  # rae | rae_state (refined per observed state) | grpo (mean and std per role) |
     # grpo_mean (mean only) | rebn (whole batch) | role_grpo (GRPO over a role's attempts at one task, RAE for a
     # role that acts once an episode: role self-play)
@@ -46,9 +49,12 @@ class Objective:
     state_window: int = 64  # rae_state: a state's mean follows about its last this many visits
     state_capacity: int = 100_000  # rae_state: states kept (least recently seen dropped first)
     kl_coef: float = 0.0  # > 0: KL penalty towards a reference policy (the starting one)
-    kl_estimator: str = "loss"  # loss: k3 in the loss (forward KL's gradient) | reward: a cost in the advantage (MMD)
-    kl_coef_by_role: dict[str, float] = field(default_factory=dict)  # a named role's own (others: kl_coef)
-    row_share_by_role: dict[str, float] = field(default_factory=dict)  # a named role's rows trained (others: all)
+    kl_estimator: str = "loss"  # loss: k3 in the loss (forward KL's gradient) | reward: a cost in the advantage
+    # (reverse KL; magnetic mirror descent)
+    kl_coef_by_role: dict[str, float] = field(default_factory=dict)  # a named role's own coefficient (others:
+    # kl_coef), e.g. {solver: 0.1, proposer: 0.0}: anchor one role of a role game and leave another free
+    row_share_by_role: dict[str, float] = field(default_factory=dict)  # a named role's share of its rows trained
+    # (others: all), a seeded draw per batch: for a role whose rows cost far more compute (docs/learner.md)
     entropy_coef: float = 0.0  # > 0: entropy bonus
     max_grad_norm: float = 1.0
     minibatches: int = 4  # optimizer steps per batch; > 1 recomputes pi_prox before the first
@@ -85,114 +91,19 @@ class Objective:
 
 
 @dataclass
-class TrainerState:
-    """What the objective carries from batch to batch: role ids, RAE baselines, rae_state's means per state."""
+class ObjectiveState:
+    """What the objective carries from batch to batch: stable role ids, their RAE baselines and, for
+    ``rae_state``, the mean returns per observed state. Every rank of a learner group computes the same advantages
+    from the same batch, so each holds the same state; a checkpoint keeps it (``role_ids``, ``baselines``,
+    ``state_values`` in ``trainer_state.pt``)."""
 
     role_ids: dict[tuple, int] = field(default_factory=dict)
     baselines: dict[int, float] = field(default_factory=dict)
     state_values: StateValues | None = None
 
     def roles(self, keys: list[tuple]) -> torch.Tensor:
+        """Each row's role id, from its role key (a role seen for the first time gets the next id)."""
         return torch.tensor([self.role_ids.setdefault(key, len(self.role_ids)) for key in keys], dtype=torch.int64)
-
-
-@dataclass
-class TokenBatch:
-    """Right-padded prompt+action tokens; the action positions carry the recorded behaviour."""
-
-    input_ids: torch.Tensor  # [N, T]
-    attention_mask: torch.Tensor  # [N, T]
-    action_mask: torch.Tensor  # [N, T], True where the token is an action token (predicted at t-1)
-    behaviour_logprobs: torch.Tensor  # [N, T], zero outside action tokens
-    versions: torch.Tensor  # [N, T], -1 outside action tokens
-    rewards: torch.Tensor  # [N], this turn's reward
-    returns: torch.Tensor  # [N], the agent's episode return
-    seats: torch.Tensor  # [N]
-    turns: torch.Tensor  # [N]
-    segments: torch.Tensor  # [N], one id per (episode, seat): the turns that share a return
-    role_keys: list[tuple]  # [N], (env, matchup, role or seat): whose baseline a row shares
-    groups: torch.Tensor  # [N], one id per (episode, role or seat): a role's attempts at one task
-    state_keys: list[int]  # [N], a digest of the prompt: where the agent stood (rae_state's key)
-
-    def rows(self, index: torch.Tensor) -> TokenBatch:
-        """The rows ``index`` of this batch (for minibatches)."""
-        picked = {name: value[index] if isinstance(value, torch.Tensor) else [value[i] for i in index.tolist()]
-                  for name, value in vars(self).items()}
-        return TokenBatch(**picked)
-
-    def trimmed(self) -> TokenBatch:
-        """Without the padding columns that every row has (right padding: the rows' longest decides)."""
-        width = max(int(self.attention_mask.sum(1).max()), 1) if len(self.role_keys) else 1
-        cut = {name: value[:, :width] if isinstance(value, torch.Tensor) and value.dim() == 2 else value
-               for name, value in vars(self).items()}
-        return TokenBatch(**cut)
-
-    def to(self, device: torch.device) -> TokenBatch:
-        if device.type == "cpu":
-            return self
-        return TokenBatch(**{name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
-                             for name, value in vars(self).items()})
-
-
-def collate(table: pa.Table, pad_id: int) -> TokenBatch:
-    prompts = table.column(Columns.PROMPT_IDS).to_pylist()
-    actions = table.column(Columns.ACTION_IDS).to_pylist()
-    logprobs = table.column(Columns.BEHAVIOUR_LOGPROBS).to_pylist()
-    versions = table.column(Columns.POLICY_VERSIONS).to_pylist()
-    n, width = len(prompts), max(len(p) + len(a) for p, a in zip(prompts, actions))
-    ids = np.full((n, width), pad_id, dtype=np.int64)
-    action_mask = np.zeros((n, width), dtype=bool)
-    behaviour = np.zeros((n, width), dtype=np.float32)
-    token_versions = np.full((n, width), -1, dtype=np.int64)
-    for i, (p, a) in enumerate(zip(prompts, actions)):
-        end = len(p) + len(a)
-        ids[i, : len(p)], ids[i, len(p) : end] = p, a
-        action_mask[i, len(p) : end] = True
-        behaviour[i, len(p) : end] = logprobs[i]
-        token_versions[i, len(p) : end] = versions[i]
-    lengths = np.array([len(p) + len(a) for p, a in zip(prompts, actions)])
-    seats = table.column(Columns.AGENT).to_pylist()
-    episodes = table.column(Columns.EPISODE_ID).to_pylist()
-    segment_ids: dict[tuple, int] = {}
-    roles = [role or seat for role, seat in zip(table.column(Columns.ROLE).to_pylist(), seats)]
-    group_ids: dict[tuple, int] = {}
-    return TokenBatch(
-        input_ids=torch.from_numpy(ids),
-        attention_mask=torch.from_numpy((np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)),
-        action_mask=torch.from_numpy(action_mask),
-        behaviour_logprobs=torch.from_numpy(behaviour),
-        versions=torch.from_numpy(token_versions),
-        rewards=torch.tensor(table.column(Columns.REWARD).to_numpy(), dtype=torch.float32),
-        returns=torch.tensor(table.column(Columns.EPISODE_RETURN).to_numpy(), dtype=torch.float32),
-        seats=torch.tensor(seats, dtype=torch.int64),
-        turns=torch.tensor(table.column(Columns.TURN).to_numpy(), dtype=torch.int64),
-        segments=torch.tensor([segment_ids.setdefault(k, len(segment_ids)) for k in zip(episodes, seats)]),
-        role_keys=list(zip(table.column(Columns.ENV_NAME).to_pylist(), table.column(Columns.MATCHUP).to_pylist(),
-                           roles)),
-        groups=torch.tensor([group_ids.setdefault(k, len(group_ids)) for k in zip(episodes, roles)], dtype=torch.int64),
-        state_keys=[prompt_digest(p) for p in prompts],
-    )
-
-
-def prompt_digest(prompt: list[int]) -> int:
-    """A stable 64-bit digest of prompt tokens (the same across processes and resumes, unlike ``hash``)."""
-    digest = hashlib.blake2b(np.asarray(prompt, dtype=np.int64).tobytes(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
-
-
-def single_turn_batch(prompts: list[list[int]], completions: list, returns: list[float] | None = None,
-                      pad_id: int = 0) -> TokenBatch:
-    """One-turn episodes, one per ``(prompt, completion)`` (a ``Completion``: tokens, log-probs, versions), as
-    the learner collates them: for measuring a generation engine against the learner, and for tests."""
-    returns = returns or [0.0] * len(prompts)
-    rows = [{Columns.EPISODE_ID: f"e{i}", Columns.ENV_NAME: "single_turn", Columns.SEED: 0, Columns.TURN: 0,
-             Columns.AGENT: 0, Columns.MATCHUP: "main", Columns.POLICY_ID: "main", Columns.PROMPT_IDS: prompt,
-             Columns.ACTION_IDS: c.token_ids, Columns.ACTION_TEXT: "", Columns.BEHAVIOUR_LOGPROBS: c.logprobs,
-             Columns.POLICY_VERSIONS: c.versions, Columns.REWARD: ret, Columns.TERMINATED: True,
-             Columns.TRUNCATED: False, Columns.EPISODE_RETURN: ret, Columns.INVALID_ACTION: False,
-             Columns.CREATED_AT: 0.0, Columns.GENERATED_AT: 0.0, Columns.SCORED_AT: 0.0}
-            for i, (prompt, c, ret) in enumerate(zip(prompts, completions, returns))]
-    return collate(trajectory_table(rows), pad_id)
 
 
 def behaviour_gap(model, batch: TokenBatch, temperature: float) -> float:
@@ -213,7 +124,7 @@ def action_logprobs(model, batch: TokenBatch, temperature: float) -> torch.Tenso
     return token_logprobs(action_logits(model, batch), batch.input_ids[:, 1:], temperature)
 
 
-def advantages_of(objective: Objective, state: TrainerState, batch: TokenBatch) -> tuple[torch.Tensor, dict]:
+def advantages_of(objective: Objective, state: ObjectiveState, batch: TokenBatch) -> tuple[torch.Tensor, dict]:
     """One advantage per row, from per-turn discounted returns and the objective's estimator."""
     returns = discounted_returns(batch.rewards, batch.segments, batch.turns, objective.gamma)
     roles = state.roles(batch.role_keys)
@@ -236,6 +147,8 @@ def advantages_of(objective: Objective, state: TrainerState, batch: TokenBatch) 
 
 
 def _loss(objective: Objective, logprobs, proximal, behaviour, advantages, mask):
+    """The objective's loss function (``algos/losses.py``) on per-token log-probs: ``(loss, statistics)``, the
+    loss a mean over the ``mask``ed tokens."""
     if objective.loss == "decoupled_ppo":
         return decoupled_ppo_loss(logprobs, proximal, behaviour, advantages, mask, objective.clip_eps,
                                   objective.weight_range, objective.out_of_range)
@@ -246,26 +159,80 @@ def _loss(objective: Objective, logprobs, proximal, behaviour, advantages, mask)
     return reinforce_loss(logprobs, advantages, mask)
 
 
-def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objective, state: TrainerState, *,
+class ImportanceStats:
+    """How far the behaviour policy mu lies from the proximal one pi_prox over an update's action tokens, summed
+    micro-batch by micro-batch (``add``) and over a learner group's ranks at the end (``statistics``):
+
+    - ``logprob_gap``: the mean |log pi_prox - log mu|, staleness and the generation engine's numerics together;
+    - ``logprob_gap_same_version``: the same over the tokens that ``version`` (the learner's) sampled, if any: what
+      is left is the engine's mismatch with the learner alone;
+    - ``is_ess``: the normalised effective sample size of the importance weights w = pi_prox / mu,
+      (sum w)^2 / (n sum w^2), 1 when every token's behaviour policy is the proximal one (what
+      ``max_staleness=auto`` and the collapse guard read);
+    - ``is_weight_hist``: the tokens counted by log2 w in ``IS_LOG2_BINS``, keyed by each bin's upper edge.
+    """
+
+    def __init__(self, version: int | None = None):
+        self.version = version
+        self.gap = self.tokens = self.same_gap = self.same_tokens = self.w_sum = self.w2_sum = 0.0
+        self.bins = [0.0] * IS_LOG2_BINS[2]
+
+    def add(self, proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, versions: torch.Tensor) -> None:
+        """One micro-batch: the log-probs of pi_prox and mu, its action tokens' ``mask`` and each token's policy
+        ``versions``, all [rows, T-1] (the positions that predict a token)."""
+        gap = torch.where(mask, (proximal - behaviour).abs(), 0.0).detach()
+        self.gap += float(gap.sum())
+        self.tokens += int(mask.sum())
+        # w at most e^30, so that w^2 stays finite
+        w = torch.exp(torch.where(mask, (proximal - behaviour).clamp(max=30.0), 0.0)).detach()
+        self.w_sum += float(torch.where(mask, w, 0.0).sum())
+        self.w2_sum += float(torch.where(mask, w * w, 0.0).sum())
+        low, high, bins = IS_LOG2_BINS
+        log_w = torch.log2(w[mask]).float().clamp(low, high - 1e-6)
+        for k, n in enumerate(torch.histc(log_w, bins=bins, min=low, max=high).tolist()):
+            self.bins[k] += n
+        if self.version is not None:
+            same = versions == self.version
+            self.same_gap += float((gap * same).sum())
+            self.same_tokens += int((mask & same).sum())
+
+    def statistics(self, shard: Shard = Shard()) -> dict:
+        """The statistics over every rank's tokens. In a group it is a collective: every rank calls it once."""
+        gap, tokens, same_gap, same_tokens, w_sum, w2_sum, *w_bins = shard.sum(
+            [self.gap, self.tokens, self.same_gap, self.same_tokens, self.w_sum, self.w2_sum, *self.bins])
+        stats = {}
+        if same_tokens:
+            stats["logprob_gap_same_version"] = same_gap / same_tokens
+        if tokens and w2_sum > 0 and math.isfinite(w2_sum):
+            stats["is_ess"] = min(w_sum * w_sum / (tokens * w2_sum), 1.0)  # capped against rounding
+        low, high, bins = IS_LOG2_BINS
+        stats["is_weight_hist"] = {f"{2 ** (low + (k + 1) * (high - low) / bins):.4g}": int(n) for k, n in
+                                   enumerate(w_bins) if n}
+        stats["logprob_gap"] = gap / max(tokens, 1)
+        return stats
+
+
+def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objective, state: ObjectiveState, *,
                          temperature: float, reference=None, generator: torch.Generator | None = None,
                          version: int | None = None, max_tokens_per_microbatch: int | None = None,
                          shard: Shard = Shard(), compute_dtype: torch.dtype | None = None) -> dict:
     """One update of ``model`` on ``batch``: ``objective.minibatches`` optimizer steps over shuffled rows.
 
     Each minibatch is cut into micro-batches of at most ``max_tokens_per_microbatch`` padded tokens
-    (``actors/learner/microbatches.py``) whose gradients add up before the step: each micro-batch's loss (a mean over its
-    action tokens) is weighted by its share of the minibatch's action tokens, so the update is the same however the
-    minibatch was cut. Rows with no gradient, and those a role's row share leaves out (``microbatches.trained_rows``),
-    are not computed; the statistics are means over the others (``rows_trained`` of ``rows``). In a learner group
-    (``shard``) every rank holds the whole batch (the same advantages, minibatches and row draw everywhere) and
-    trains its share of each minibatch's rows.
+    (``actors/learner/microbatches.py``) whose gradients add up to the minibatch's before the step: each
+    micro-batch's loss (a mean over its action tokens) is weighted by its share of the minibatch's action tokens,
+    so the update is the same however the minibatch was cut. Rows with no gradient, and those a role's row share
+    leaves out (``microbatches.trained_rows``), are not computed; the statistics are means over the others
+    (``rows_trained`` of ``rows``). In a learner group (``shard``) every rank holds the whole batch (the same
+    advantages, minibatches and row draw everywhere) and trains its share of each minibatch's rows; the sharded
+    model sums the ranks' gradients.
 
-    The proximal policy pi_prox is the model before the first step: with one minibatch, the current log-probs,
-    detached; with more, computed once, up front. ``logprob_gap`` is the mean |log pi_prox - log mu| of the action
-    tokens (staleness and the engine's numerics together); ``is_ess`` the normalised effective sample size of
-    w = pi_prox / mu, (sum w)^2 / (n sum w^2), 1 on-policy; ``logprob_gap_same_version`` the gap over the tokens
-    that ``version`` sampled: the engine's mismatch with the learner alone. ``compute_dtype`` (bf16 on a GPU): the
-    forward passes run under autocast; log-probs are fp32.
+    The proximal policy pi_prox is the model as it is before the first step. With one minibatch its log-probs are
+    the current ones, detached (the same numbers a second forward pass would give); with more, they are computed
+    once, up front, for every row. ``ImportanceStats`` reports how far the behaviour policy lies from it
+    (``logprob_gap``, ``logprob_gap_same_version`` for the tokens ``version`` sampled, ``is_ess``,
+    ``is_weight_hist``). ``compute_dtype`` (bf16 on a GPU): the forward passes run under autocast; log-probs are
+    fp32.
 
     A minibatch whose loss or gradient norm is not finite takes no optimizer step (``skipped_steps``; its
     statistics are left out of the means): one NaN would otherwise reach every parameter. In a group every rank
@@ -306,9 +273,8 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
                     proximal[i, j] = action_logprobs(model, micro_batch(rows), temperature)
     model.train()
     sync = getattr(model, "set_requires_gradient_sync", None)  # a sharded model: sum gradients once a step
-    # gap, tokens, same-version gap, same-version tokens, and the sums of w = pi_prox / mu and w^2 (is_ess)
-    step_stats, gap_sums = [], [0.0] * (6 + IS_LOG2_BINS[2])  # ..., then w's histogram (is_weight_hist)
-    skipped = []  # the statistics of the minibatches that took no step
+    importance = ImportanceStats(version)
+    step_stats, skipped = [], []  # the statistics of the minibatches that took a step, and of those that did not
     for i, (tokens, tokens_trained, micro) in enumerate(steps):
         optimizer.zero_grad(set_to_none=True)
         weighted: dict[str, float] = {NONFINITE_LOSS: 0.0}
@@ -330,20 +296,7 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
             for key, value in s.items():  # statistics: means over the trained rows
                 weighted[key] = max(weighted.get(key, value), value) if key.endswith("_max") else \
                     weighted.get(key, 0.0) + int(mask.sum()) / max(tokens_trained, 1) * value
-            gap = torch.where(mask, (prox - mb.behaviour_logprobs[:, 1:]).abs(), 0.0).detach()
-            gap_sums[0] += float(gap.sum())
-            gap_sums[1] += int(mask.sum())
-            w = torch.exp(torch.where(mask, (prox - mb.behaviour_logprobs[:, 1:]).clamp(max=30.0), 0.0)).detach()
-            gap_sums[4] += float(torch.where(mask, w, 0.0).sum())
-            gap_sums[5] += float(torch.where(mask, w * w, 0.0).sum())
-            low, high, bins = IS_LOG2_BINS
-            log_w = torch.log2(w[mask]).float().clamp(low, high - 1e-6)
-            for k, n in enumerate(torch.histc(log_w, bins=bins, min=low, max=high).tolist()):
-                gap_sums[6 + k] += n
-            if version is not None:
-                same = mb.versions[:, 1:] == version
-                gap_sums[2] += float((gap * same).sum())
-                gap_sums[3] += int((mask & same).sum())
+            importance.add(prox, mb.behaviour_logprobs[:, 1:], mask, mb.versions[:, 1:])
         weighted = shard.merge(weighted)  # the group's: every rank reads the same numbers below
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), objective.max_grad_norm)
         weighted["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
@@ -354,18 +307,10 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
         optimizer.step()
         step_stats.append(weighted)
     model.eval()
-    gap, tokens, same_gap, same_tokens, w_sum, w2_sum, *w_bins = shard.sum(gap_sums)
     kept = step_stats or skipped
     merged = {key: sum(s[key] for s in kept) / len(kept) for key in kept[0]}
     merged["skipped_steps"] = len(skipped)
-    if same_tokens:
-        merged["logprob_gap_same_version"] = same_gap / same_tokens
-    if tokens and w2_sum > 0 and math.isfinite(w2_sum):
-        merged["is_ess"] = min(w_sum * w_sum / (tokens * w2_sum), 1.0)  # (sum w)^2 / (n sum w^2): 1 on-policy
-    low, high, bins = IS_LOG2_BINS  # tokens by w, keyed by each bin's upper edge (as a number)
-    merged["is_weight_hist"] = {f"{2 ** (low + (k + 1) * (high - low) / bins):.4g}": int(n) for k, n in
-                                enumerate(w_bins) if n}
-    return {**stats, **merged, **seat_returns, "logprob_gap": gap / max(tokens, 1), "tokens": int(loss_mask.sum()),
+    return {**stats, **merged, **importance.statistics(shard), **seat_returns, "tokens": int(loss_mask.sum()),
             "rows": int(batch.input_ids.shape[0]), "rows_trained": int(trained.sum()),
             "microbatches": sum(len(m) for _, _, m in steps)}
 

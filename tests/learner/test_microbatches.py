@@ -10,7 +10,8 @@ import torch
 from actors.learner import microbatches
 from actors.models import padding
 from actors.learner.microbatches import trained_rows
-from actors.learner.update import Objective, TrainerState, policy_gradient_step, single_turn_batch
+from actors.learner.batch import single_turn_batch
+from actors.learner.update import Objective, ObjectiveState, policy_gradient_step
 
 
 def test_a_cut_keeps_every_row_once_and_stays_within_the_budget():
@@ -77,7 +78,7 @@ def test_the_update_does_not_depend_on_how_the_batch_was_cut(minibatches, monkey
         monkeypatch.setattr(padding, "MAX_SPREAD", float("inf") if budget is None else 2.0)  # None: one pass
         model = copy.deepcopy(base)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        state = TrainerState()
+        state = ObjectiveState()
         for version in range(2):
             stats = policy_gradient_step(model, optimizer, random_batch(seed=version), Objective(minibatches=minibatches,
                                          advantage="grpo"), state, temperature=1.0, version=version,
@@ -103,7 +104,7 @@ def test_activation_checkpointing_recomputes_the_same_update():
             model.config.use_cache = False
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         policy_gradient_step(model, optimizer, random_batch(), Objective(minibatches=2, advantage="grpo"),
-                             TrainerState(), temperature=1.0, generator=torch.Generator().manual_seed(0),
+                             ObjectiveState(), temperature=1.0, generator=torch.Generator().manual_seed(0),
                              max_tokens_per_microbatch=64)
         models.append(model)
     assert models[1].is_gradient_checkpointing and not models[0].is_gradient_checkpointing
@@ -123,7 +124,7 @@ def test_rows_with_no_gradient_are_not_computed_and_the_update_is_the_same(minib
             monkeypatch.setattr(microbatches, "trained_rows", every_row)
         model = copy.deepcopy(base)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        state = TrainerState()
+        state = ObjectiveState()
         for version in range(2):
             stats = policy_gradient_step(model, optimizer, random_batch(seed=version, returns=returns),
                                          Objective(minibatches=minibatches, advantage="grpo_mean"), state,
@@ -186,6 +187,6 @@ def test_an_update_with_a_row_share_computes_only_the_rows_drawn():
     model, batch = tiny_llama(), random_batch(rows=24, returns=[1.0, -1.0] * 12)
     batch.role_keys = [("propose_solve", "main", "solver")] * 24
     stats = policy_gradient_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), batch,
-                                 Objective(advantage="grpo_mean", row_share_by_role={"solver": 0.5}), TrainerState(),
+                                 Objective(advantage="grpo_mean", row_share_by_role={"solver": 0.5}), ObjectiveState(),
                                  temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert stats["rows"] == 24 and 0 < stats["rows_trained"] < 24

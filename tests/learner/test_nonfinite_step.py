@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from actors.learner.actor import LearnerConfig
+from actors.learner.batch import collate
 from actors.learner.group import Shard
 from actors.learner.trainer import NonFiniteWeights, Trainer, finite
-from actors.learner.update import Objective, TrainerState, collate, policy_gradient_step
+from actors.learner.update import Objective, ObjectiveState, policy_gradient_step
 from streams.schema import Columns as C
 from streams.schema import trajectory_table
 
@@ -54,7 +55,7 @@ def test_a_nan_loss_skips_the_step_and_leaves_every_parameter_and_the_optimizer_
     batch = collate(table, trainer.tokenizer.pad_token_id)
     optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-2)
     before = weights(trainer.model)
-    stats = policy_gradient_step(trainer.model, optimizer, batch, Objective(minibatches=2), TrainerState(),
+    stats = policy_gradient_step(trainer.model, optimizer, batch, Objective(minibatches=2), ObjectiveState(),
                                  temperature=1.0)
     assert stats["skipped_steps"] == 2
     assert not moved(before, trainer.model) and not optimizer.state  # no step, no moment, no count
@@ -76,10 +77,10 @@ def test_in_a_group_a_peers_non_finite_loss_skips_the_step_here_too(trainer):
     batch = collate(trajectory_table([row(i) for i in range(8)]), trainer.tokenizer.pad_token_id)
     optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-2)
     before = weights(trainer.model)
-    stats = policy_gradient_step(trainer.model, optimizer, batch, Objective(minibatches=1), TrainerState(),
+    stats = policy_gradient_step(trainer.model, optimizer, batch, Objective(minibatches=1), ObjectiveState(),
                                  temperature=1.0, shard=PeerLossWasNaN(0, 2))
     assert stats["skipped_steps"] == 1 and not moved(before, trainer.model)
-    stats = policy_gradient_step(trainer.model, optimizer, batch, Objective(minibatches=1), TrainerState(),
+    stats = policy_gradient_step(trainer.model, optimizer, batch, Objective(minibatches=1), ObjectiveState(),
                                  temperature=1.0)  # alone, with the same rows: finite, and it steps
     assert stats["skipped_steps"] == 0 and moved(before, trainer.model)
 

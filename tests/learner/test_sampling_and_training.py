@@ -10,7 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.rollout.hf_engine import sample
-from actors.learner.update import Objective, TrainerState, action_logprobs, collate, policy_gradient_step
+from actors.learner.batch import collate
+from actors.learner.update import Objective, ObjectiveState, action_logprobs, policy_gradient_step
 from streams.weights import load_weights, weights_to_bytes
 from algos.losses import kl_cost_to_go, token_logprobs
 from streams.schema import Columns, trajectory_table
@@ -86,7 +87,7 @@ def test_a_step_moves_probability_towards_positive_advantage(model_and_tokenizer
     before = weights_to_bytes(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     objective = Objective(loss="ppo", advantage="grpo")
-    stats = policy_gradient_step(model, optimizer, batch, objective, TrainerState(), temperature=1.0)
+    stats = policy_gradient_step(model, optimizer, batch, objective, ObjectiveState(), temperature=1.0)
     assert stats["tokens"] == int(batch.action_mask.sum()) and stats["logprob_gap"] < 1e-4
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
@@ -119,7 +120,7 @@ def test_the_kl_as_a_cost_pulls_sampled_moves_towards_the_reference(model_and_to
         cost, _ = kl_cost_to_go(action_logprobs(model, batch, 1.0), action_logprobs(reference, batch, 1.0), mask)
     objective = Objective(loss="reinforce", advantage="grpo_mean", kl_coef=1.0, kl_estimator="reward", minibatches=1)
     stats = policy_gradient_step(model, torch.optim.SGD(model.parameters(), lr=0.05), batch, objective,
-                                 TrainerState(), temperature=1.0, reference=reference)
+                                 ObjectiveState(), temperature=1.0, reference=reference)
     with torch.no_grad():
         after = action_logprobs(model, batch, 1.0)
     before = batch.behaviour_logprobs[:, 1:]
@@ -152,7 +153,7 @@ def test_a_roles_own_kl_coefficient_anchors_that_role_alone(model_and_tokenizer,
         rows = [{**row(p, s, ret=0.0, episode=f"e{i}"), Columns.ROLE: role}
                 for i, (p, s) in enumerate(zip(ps, samples))]
         batch = collate(trajectory_table(rows), tok.pad_token_id)
-        policy_gradient_step(model, torch.optim.SGD(model.parameters(), lr=0.05), batch, objective, TrainerState(),
+        policy_gradient_step(model, torch.optim.SGD(model.parameters(), lr=0.05), batch, objective, ObjectiveState(),
                              temperature=1.0, reference=reference)
         moved[role] = sum((p.detach() - b).abs().sum().item() for p, b in zip(model.parameters(), before))
     assert moved["solver"] > 0 and moved["proposer"] == 0, moved
@@ -171,7 +172,7 @@ def test_the_same_version_gap_leaves_out_tokens_of_older_versions(model_and_toke
     rows = [row(p0, fresh, version=7, ret=1.0), row(p1, stale, version=6, ret=-1.0, episode="e1")]
     batch = collate(trajectory_table(rows), tok.pad_token_id)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    stats = policy_gradient_step(model, optimizer, batch, Objective(minibatches=2), TrainerState(), temperature=1.0,
+    stats = policy_gradient_step(model, optimizer, batch, Objective(minibatches=2), ObjectiveState(), temperature=1.0,
                                  version=7)
     n_fresh, n_stale = len(fresh.tokens), len(stale.tokens)
     assert stats["logprob_gap_same_version"] < 1e-4
@@ -213,7 +214,7 @@ def test_baselines_are_kept_per_matchup_and_seat(model_and_tokenizer):
     s = sample(model, [p], eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=4)[0]
     rows = [row(p, s, seat=0), row(p, s, seat=1), row(p, s, seat=0, matchup="main,random"),
             row(p, s, seat=0, matchup="main,random")]
-    state = TrainerState()
+    state = ObjectiveState()
     groups = state.roles(collate(trajectory_table(rows), tok.pad_token_id).role_keys).tolist()
     assert groups[2] == groups[3] and len({groups[0], groups[1], groups[2]}) == 3
     # ids are stable from batch to batch (RAE's baselines are kept by them)
@@ -270,7 +271,7 @@ def test_every_loss_trains_with_minibatches(model_and_tokenizer, tiny_model_dir,
             enumerate(zip([p0, p0, p1, p1], samples, [1.0, -1.0, 1.0, 0.0]))]
     batch = collate(trajectory_table(rows), tok.pad_token_id)
     objective = Objective(loss=loss, advantage=advantage, minibatches=2, entropy_coef=0.01)
-    state = TrainerState()
+    state = ObjectiveState()
     stats = policy_gradient_step(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, objective, state,
                                  temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert stats["tokens"] == int(batch.action_mask.sum()) and math.isfinite(stats["pg_loss"])
@@ -299,7 +300,7 @@ def test_the_proximal_log_probs_of_every_minibatch_are_the_models_before_the_fir
         full = action_logprobs(model, batch, 1.0)
     expected_gap = float(((full - batch.behaviour_logprobs[:, 1:]).abs() * mask).sum() / mask.sum())
     stats = policy_gradient_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, Objective(minibatches=3),
-                                 TrainerState(), temperature=1.0, generator=torch.Generator().manual_seed(1))
+                                 ObjectiveState(), temperature=1.0, generator=torch.Generator().manual_seed(1))
     assert abs(stats["approx_kl"]) < 1e-6 and stats["clip_fraction"] == 0.0
     assert stats["logprob_gap"] == pytest.approx(expected_gap, abs=1e-5)
     assert expected_gap > 0.05  # the shifted rows are in it

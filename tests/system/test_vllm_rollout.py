@@ -17,8 +17,9 @@ pytest.importorskip("vllm", reason="the vllm extra is not installed (docs/backen
 from streams.endpoints import Inbox, Outbox  # noqa: E402
 from actors.runs.host import _LoopThread  # noqa: E402
 from actors.rollout.actor import RolloutActor, RolloutConfig  # noqa: E402
-from actors.learner.update import (Objective, TrainerState, action_logprobs, behaviour_gap,  # noqa: E402
-                             policy_gradient_step, single_turn_batch)
+from actors.learner.batch import single_turn_batch  # noqa: E402
+from actors.learner.update import (Objective, ObjectiveState, action_logprobs, behaviour_gap,  # noqa: E402
+                                   policy_gradient_step)
 from streams.weights import WeightsPublisher, weights_to_bytes  # noqa: E402
 from streams.channels import ZmqTransport  # noqa: E402
 from streams.messages import WEIGHTS_TOPIC, Completion, GenerationRequest, decode_completions  # noqa: E402
@@ -120,7 +121,7 @@ def test_vllm_log_probs_agree_with_the_learners_before_and_after_an_update(rig, 
     assert all(set(c.versions) == {0} and len(c.logprobs) == len(c.token_ids) >= 1 for c in before)
     batch = single_turn_batch(prompts, before, [float(i % 3 - 1) for i in range(32)], tokenizer.pad_token_id)
     # the learner's per-batch metric, from its own update step (which also makes version 1)
-    stats = policy_gradient_step(learner, optimizer, batch, Objective(minibatches=1), TrainerState(),
+    stats = policy_gradient_step(learner, optimizer, batch, Objective(minibatches=1), ObjectiveState(),
                                  temperature=1.0, version=0)
     assert stats["logprob_gap_same_version"] <= TOLERANCE
     moved = behaviour_gap(learner, batch, 1.0)  # the update changed the policy far more than the tolerance
