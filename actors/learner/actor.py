@@ -1,7 +1,7 @@
 """LearnerActor: owns the model, the optimizer and the version counter; publishes versioned weights.
 
-The model and optimizer are its ``Trainer``'s (``actors/learner/trainer.py``); with ``ranks`` > 1 this actor is rank 0 of
-a learner group that trains data-parallel (docs/learner.md), and everything below holds for the group.
+The model and optimizer are its ``Trainer``'s (``actors/learner/trainer.py``); with ``ranks`` > 1 this actor is
+rank 0 of a learner group that trains data-parallel (docs/learner.md), and everything below holds for the group.
 
 Each batch from replay is one update; after it the version goes up by one and the new weights are
 published to every rollout actor of the policy (and the new version to whoever follows it). Every
@@ -12,7 +12,10 @@ from an older checkpoint announces lower versions in a newer life, and its follo
 Before an update the staleness bound is enforced: a turn with a token more than ``max_staleness`` versions
 older than the learner is dropped from the batch and counted (admission control upstream bounds how many
 episodes run ahead, not how long one takes, so a slow episode's first turns can fall behind while its later
-ones are fresh; with ``max_staleness=0`` every trained token has the learner's version).
+ones are fresh; with ``max_staleness=0`` every trained token has the learner's version). The bound is the one
+each token's version went out with (``StalenessBound``, ``actors/learner/staleness.py``). After an update the
+collapse guard (``CollapseGuard``, ``actors/learner/guard.py``) looks at its batch: on a trip it takes the step
+and the bound down for a while, and the weights back to an anchor.
 
 Checkpoints: every ``checkpoint_every`` versions and when it stops, the learner writes its policy (a Hugging
 Face model directory, loadable with ``from_pretrained``) and, beside it, the optimizer's state (``optimizer/``,
@@ -51,7 +54,8 @@ from actors.learner.dataset import EpisodeDataset
 from actors.models.devices import check_device, check_dtype
 from actors.models.snapshots import snapshot_id
 from actors.learner.group import Shard, join_group, open_rendezvous
-from actors.learner.staleness import AutoStaleness, Guard, StalenessControl, parse_max_staleness
+from actors.learner.guard import CollapseGuard, Guard
+from actors.learner.staleness import AutoStaleness, StalenessBound, parse_max_staleness
 from actors.learner.trainer import Trainer
 from actors.learner.update import Objective
 from streams.endpoints import Inbox, Outbox
@@ -75,7 +79,7 @@ class LearnerConfig:
     objective: Objective = field(default_factory=Objective)  # loss, advantages; a dict is accepted
     max_staleness: int | str = 2  # eta: the oldest token a batch may hold is this many versions behind, or "auto"
     staleness: AutoStaleness = field(default_factory=AutoStaleness)  # max_staleness=auto: its limits and moves
-    guard: Guard = field(default_factory=Guard)  # the collapse guard (actors/learner/staleness.py)
+    guard: Guard = field(default_factory=Guard)  # the collapse guard (actors/learner/guard.py)
     temperature: float = 1.0
     threads: int = 1
     device: str = "auto"  # auto: CUDA when present, else the CPU; cpu; cuda; cuda:<i>
@@ -131,8 +135,10 @@ class LearnerActor:
         self.cfg, self.name = cfg, name
         self.version = 0
         self.history: list[dict] = []  # one entry per update
-        self.trainer = Trainer(cfg, Shard(0, cfg.ranks))  # rank 0's model, optimizer and objective state (the group's, with ranks > 1)
-        self.control = StalenessControl(parse_max_staleness(cfg.max_staleness), cfg.staleness, cfg.guard)
+        # rank 0's model, optimizer and objective state (the group's, with ranks > 1)
+        self.trainer = Trainer(cfg, Shard(0, cfg.ranks))
+        self.guard = CollapseGuard(cfg.guard)
+        self.bound = StalenessBound(parse_max_staleness(cfg.max_staleness), cfg.staleness, self.guard)
         self._totals = {"batches": 0, "episodes": 0, "tokens": 0, "train_s": 0.0, "rejected_episodes": 0,
                         "rejected_turns": 0, "rejected_tokens": 0}
         self.cursor = 0  # the number of the last batch consumed (see the module's docstring)
@@ -224,12 +230,12 @@ class LearnerActor:
     async def _publish(self, versions_out: Outbox) -> None:
         """The weights of ``self.version`` to the rollout actors, and the version and life to whoever follows."""
         weights = await trio.to_thread.run_sync(lambda: weights_to_bytes(self.trainer.full_state()))
-        self.control.published(self.version)
+        self.bound.published(self.version)
         await versions_out.send(self._announcement())  # first: followers stop sampling a dead life's weights
         await self._weights.publish(self.version, weights)
 
     def _announcement(self) -> bytes:
-        return VersionAnnounced(self.cfg.policy_id, self.version, self.cfg.life, self.control.eta).to_body()
+        return VersionAnnounced(self.cfg.policy_id, self.version, self.cfg.life, self.bound.eta).to_body()
 
     async def _write_snapshots(self, roots, model_lock: trio.Lock, versions_out: Outbox) -> None:
         async for root, reset in roots:
@@ -295,7 +301,7 @@ class LearnerActor:
         self.trainer.save(fresh_beside(final), {
             "version": self.version, "rng": torch.get_rng_state(), "resets": self.resets, "totals": self._totals,
             "staleness": dict(self._staleness), "cursor": {"life": self.cfg.data_life, "seq": self.cursor},
-            "wall_s": self._wall_s(), "staleness_control": self.control.state()})
+            "wall_s": self._wall_s(), "staleness_control": {**self.bound.state(), **self.guard.state()}})
         swap_in(final)
         log.info("checkpoint: the policy at version %d in %s", self.version, final)
 
@@ -308,7 +314,8 @@ class LearnerActor:
         self._resumed_train_s = self._totals["train_s"]
         self._resumed_wall_s = state.get("wall_s", 0.0)
         self._staleness.update(state["staleness"])
-        self.control.restore(state.get("staleness_control"))
+        self.bound.restore(state.get("staleness_control"))  # one dict, the bound's keys and the guard's
+        self.guard.restore(state.get("staleness_control"))
         cursor = self._checkpoint_cursor = state.get("cursor", {})
         self.cursor = cursor["seq"] if cursor.get("life") == self.cfg.data_life else 0  # a new life numbers anew
 
@@ -319,7 +326,7 @@ class LearnerActor:
 
     def _update(self, table) -> dict:
         started = time.perf_counter()
-        lr = self.cfg.learning_rate(self._wall_s(), self.version) * self.control.step_scale
+        lr = self.cfg.learning_rate(self._wall_s(), self.version) * self.guard.step_scale
         stats = self.trainer.update(table, lr, self.version)
         token_versions = torch.tensor(table.column(Columns.POLICY_VERSIONS).combine_chunks().flatten().to_numpy())
         staleness = self.version - token_versions
@@ -327,7 +334,7 @@ class LearnerActor:
         self._staleness.update(histogram)
         episodes = len(set(table.column(Columns.EPISODE_ID).to_pylist()))
         self.version += 1
-        stats.update(self._guard(table, stats))
+        stats.update(self._react(table, stats))
         elapsed = time.perf_counter() - started
         self._totals["batches"] += 1
         self._totals["episodes"] += episodes
@@ -339,22 +346,24 @@ class LearnerActor:
                 "token_version_min": int(token_versions.min()), "token_version_max": int(token_versions.max()),
                 "time": time.time()}
 
-    def _guard(self, table, stats: dict) -> dict:
-        """The staleness control's move after the update that made ``self.version`` (actors/learner/staleness.py):
-        the bound the version goes out with; the guard's trip, and rollback to its anchor; or a new anchor."""
+    def _react(self, table, stats: dict) -> dict:
+        """After the update that made ``self.version``: the guard's move (a trip, and rollback to its anchor; or a
+        new anchor: actors/learner/guard.py), then the bound the version goes out with, which reads the guard's
+        cooldown (actors/learner/staleness.py)."""
         invalid = table.column(Columns.INVALID_ACTION).to_numpy(zero_copy_only=False)
         share, ess = (float(invalid.mean()) if len(invalid) else None), stats.get("is_ess")
-        reaction = self.control.observe(self.version, share, ess, len(invalid))
+        guarded = self.guard.observe(self.version, share, ess, len(invalid), eta_floor=self.bound.floor)
+        reaction = {"eta": self.bound.observe(ess), "is_ess": ess, **guarded}
         if reaction["rollback"]:
             self.trainer.restore_anchor()
-        elif self.control.anchor_due(self.version, share, ess, len(invalid)):
+        elif self.guard.anchor_due(self.version, share, ess, len(invalid)):
             self.trainer.keep_anchor()
-            self.control.anchored(self.version)
+            self.guard.anchored(self.version)
         return {**reaction, "rollback": int(reaction["rollback"]), "invalid_share": share}
 
     def _within_bound(self, table):
         """The batch without the turns that hold a token past its bound (None: nothing is left), counted."""
-        return self.control.drop_stale(table, self.version, self._totals)
+        return self.bound.drop_stale(table, self.version, self._totals)
 
     def statistics(self) -> dict:
         dropped = self._inbox.statistics()["dropped_frames"] if self._inbox else 0

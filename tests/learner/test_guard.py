@@ -34,7 +34,7 @@ def test_a_forced_collapse_is_detected_counted_and_rolled_back_to_the_anchor(tin
         stats = learner._update(batch(learner.version, invalid=False))
         held[learner.version] = weights(learner)
         assert stats["guard_trips"] == 0 and stats["invalid_share"] == 0.0 and stats["eta"] == 2
-    assert learner.control.anchors == [3, 6]
+    assert learner.guard.anchors == [3, 6]
     suspicious = learner._update(batch(learner.version, invalid=True))  # version 7: one batch is not yet a trip
     assert suspicious["guard_trips"] == 0 and not suspicious["rollback"]
     tripped = learner._update(batch(learner.version, invalid=True))  # version 8
@@ -44,4 +44,4 @@ def test_a_forced_collapse_is_detected_counted_and_rolled_back_to_the_anchor(tin
     assert not learner.trainer.optimizer.state  # a fresh optimizer
     after = learner._update(batch(learner.version, invalid=False))
     assert after["lr"] == 1e-3 * 0.5 and after["step_scale"] == 0.5 and after["eta"] == 0
-    assert learner.control.state()["trips"] == 1
+    assert learner.guard.state()["trips"] == 1

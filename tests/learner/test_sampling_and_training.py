@@ -313,7 +313,7 @@ def test_turns_dropped_as_stale_are_logged_at_most_every_30_s(caplog, monkeypatc
 
     clock = [1000.0]
     monkeypatch.setattr(control_module.time, "monotonic", lambda: clock[0])
-    control = control_module.StalenessControl(2)
+    control = control_module.StalenessBound(2)
     control._rejected_logged = (1000.0, 0)
     totals = {"rejected_turns": 0, "rejected_episodes": 0, "rejected_tokens": 0}
     tokens = SimpleNamespace(tokens=[4], logprobs=[-0.1])
