@@ -11,7 +11,7 @@ similar length share a micro-batch: little padding). A row longer than the budge
 With a budget or without, a row at most ``1 / MAX_SPREAD`` (``actors/models/padding.py``) as long as its
 micro-batch's longest starts the next one, so padding never more than doubles a pass's tokens: a minibatch of
 proposer rows (about 230 tokens) and solver rows (about 60) padded all to the longest cost the learner three
-times its tokens (``benchmarks/padding.py``).
+times its tokens (``research/padding.py``).
 
 With a group of ``world`` ranks, the length-sorted rows are dealt round-robin to the ranks (each gets about the
 same tokens), and every rank runs the same number of micro-batches: a sharded model gathers its parameters in
