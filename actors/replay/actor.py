@@ -48,6 +48,7 @@ import pyarrow as pa
 import trio
 
 from actors.replay.buffer import OldestFirst
+from actors.replay.face import ReplayStatistics
 from actors.replay.spill import Spill, episode_source, previous_life
 from streams.endpoints import Inbox, Outbox
 from streams.messages import VERSION_TOPIC, VersionAnnounced
@@ -311,7 +312,7 @@ class ReplayActor:
         self._changed.set()
         self._changed = trio.Event()
 
-    def statistics(self) -> dict:
+    def statistics(self) -> ReplayStatistics:
         inbox = self._inbox.statistics() if self._inbox else {}
         spill = self._spill.state.through if self._spill is not None else 0
         return {**self._stats, "buffered": len(self.buffer), "batches_logged": self._last_seq,
