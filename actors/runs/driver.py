@@ -26,18 +26,20 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
+from actors.env.face import EnvFace
 from actors.runs.config import RunConfig
 from actors.models.base_model import ensure_base_model, tiny_model_config
 from actors.models.random_model import ensure_random_model, random_model_config
 from actors.runs.ray_cluster import open_cluster
 from actors.runs.control import ControlServer
 from actors.runs.evaluations import Evaluations
+from actors.runs.handles import call_unless_dead, handle
 from actors.runs.inherited import count_inherited, release_inherited
 from actors.runs.league_steward import LeagueSteward
 from actors.observe.monitor import MetricsLog, plot_learning_curve
-from actors.runs.recovery import (GroupRecovery, RestartLimit, RestartsExhausted, call_unless_dead, restart_env,
-                                  statistics_or_recover)
+from actors.runs.recovery import GroupRecovery, RestartLimit, RestartsExhausted, restart_env, statistics_or_recover
 from actors.runs.scaling import Scaler
 from actors.observe.tensorboard import TensorBoardLog
 from actors.observe.wandb_log import WandbLog
@@ -188,7 +190,7 @@ class Driver:
         """Let the env actors (``envs``: these only) start training episodes, or stop them."""
         self.training = on
         for env in self.top.envs if envs is None else envs:  # one found dead is told by its restart
-            call_unless_dead(self.cluster, env, "set_training", on)
+            call_unless_dead(handle(self.cluster, env, EnvFace).set_training, on)
 
     def recover(self, name: str, error: Exception) -> dict:
         """Restart a dead actor of any kind, losing nothing and counting nothing twice (docs/faults-and-scaling.md)."""
@@ -223,7 +225,7 @@ class Driver:
         log.error(message)
         raise RuntimeError(message) from error
 
-    def _tick(self) -> dict[str, dict]:
+    def _tick(self) -> dict[str, Any]:
         """Every actor's statistics (the health check: a dead actor is restarted here); the league's round."""
         stats = statistics_or_recover(self.cluster, self.top.names(), self.recover)
         if self.steward is not None:

@@ -17,8 +17,10 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from actors.env.admission import admission_share
+from actors.env.face import EnvFace, EnvStatistics
 from actors.runs.autoscale import autoscale_target
-from actors.runs.recovery import call_unless_dead, statistics_or_recover
+from actors.runs.handles import call_unless_dead, handle
+from actors.runs.recovery import statistics_or_recover
 from actors.runs.topology import spawn_envs, spawn_rollouts
 
 log = logging.getLogger(__name__)
@@ -154,14 +156,14 @@ class Scaler:
         keep, leaving = top.envs[:count], top.envs[count:]
         training = driver.training
         driver.set_training(False, keep)  # an actor restarted meanwhile waits too
-        stats = statistics_or_recover(cluster, top.envs, driver.recover)
+        stats: dict[str, EnvStatistics] = statistics_or_recover(cluster, top.envs, driver.recover)
         total = sum(s["started"] for s in stats.values())
         for i, name in enumerate(keep):
             delta = admission_share(total, i, count) - stats[name]["started"]
             # a restart of it from now on counts what ``rebalance`` makes its count (offset + delivered)
             cluster.reconfigure(name, admission_slot=(i, count),
                                 admission_offset=stats[name]["admission_offset"] + delta)
-            call_unless_dead(cluster, name, "rebalance", (i, count), delta)
+            call_unless_dead(handle(cluster, name, EnvFace).rebalance, (i, count), delta)
         for name in leaving:
             cluster.stop(name)
             driver.metrics.retired(name)
@@ -176,9 +178,10 @@ class Scaler:
         restarts = self.driver.restarts
         for name, told in self._retiring.items():
             if told != restarts.get(name, 0):
-                call_unless_dead(self.driver.cluster, name, "retire")
+                call_unless_dead(handle(self.driver.cluster, name, EnvFace).retire)
                 self._retiring[name] = restarts.get(name, 0)
-        stats = statistics_or_recover(self.driver.cluster, list(self._retiring), self.driver.recover)
+        stats: dict[str, EnvStatistics] = statistics_or_recover(self.driver.cluster, list(self._retiring),
+                                                                self.driver.recover)
         if all(s["drained"] for s in stats.values()):
             return True
         if time.monotonic() > self._retire_deadline:
@@ -195,11 +198,12 @@ class Scaler:
         addresses = [group.requests[name] for name in group.rollouts]
         for env in driver.top.envs:
             driver.cluster.set_peers(env, "rollout", addresses, member)  # first: a restart connects to these
-            call_unless_dead(driver.cluster, env, "set_rollouts", addresses, member)
+            call_unless_dead(handle(driver.cluster, env, EnvFace).set_rollouts, addresses, member)
         for name in leaving:
             driver.cluster.stop(name)
             group.requests.pop(name)
             driver.metrics.retired(name)
         if leaving:
-            reissued = sum(call_unless_dead(driver.cluster, env, "reissue") or 0 for env in driver.top.envs)
+            reissued = sum(call_unless_dead(handle(driver.cluster, env, EnvFace).reissue) or 0
+                           for env in driver.top.envs)
             log.warning("%d unanswered generation requests of the leaving rollout actors sent again", reissued)
