@@ -40,6 +40,7 @@ from actors.env.admission import Admission
 from actors.env.deliveries import Deliveries
 from actors.env.episode import EpisodeCounts, EpisodeSettings, move_token_budget, play_episode
 from actors.env.evaluation import EvaluationTally
+from actors.env.face import EnvStatistics
 from actors.env.policy_client import PolicyClient, TokenCodec, by_member, open_policy_client
 from actors.league.matchmaking import WEIGHTINGS, Payoff
 from actors.env.matches import Match, MatchSource, SelfPlayMatches, open_league_matches, seated, uniform_seats
@@ -254,7 +255,7 @@ class EnvActor:
         """Send again the match request this actor waits on, if any (the league restarted); True if one goes out."""
         return self._matches.reissue_request()
 
-    def statistics(self) -> dict:
+    def statistics(self) -> EnvStatistics:
         return {
             **self._counts.statistics(), **self._training, **self._admission.statistics(),
             "training_in_flight": self._training_in_flight,

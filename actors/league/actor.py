@@ -32,6 +32,7 @@ from pathlib import Path
 import trio
 
 from streams.endpoints import Inbox, Outbox
+from actors.league.face import LeagueStatistics
 from actors.league.matchmaking import ROLES, MatchmakingConfig, Payoff, check_reset_probabilities, choose_opponent, \
     pairwise_scores, reset_after_snapshot, result_problem, seat_match, snapshot_due
 from actors.models.snapshots import SnapshotError, verify_snapshot
@@ -349,7 +350,7 @@ class LeagueActor:
             self._apply(result)
         return len(pending)
 
-    def statistics(self) -> dict:
+    def statistics(self) -> LeagueStatistics:
         inboxes = getattr(self, "_inboxes", {})
         return {**self._stats, "snapshots": len(self.snapshots), "pending_snapshots": sorted(self._pending_snapshots),
                 "rejected_results": self._rejected.total(), "rejected_by_reason": dict(self._rejected.counts),

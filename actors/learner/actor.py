@@ -51,6 +51,7 @@ import trio
 
 from actors.models.checkpoints import TRAINER_STATE, find_checkpoint, fresh_beside, load_trainer_state, swap_in
 from actors.learner.dataset import EpisodeDataset
+from actors.learner.face import LearnerStatistics
 from actors.models.devices import check_device, check_dtype
 from actors.models.snapshots import snapshot_id
 from actors.learner.group import Shard, join_group, open_rendezvous
@@ -365,7 +366,7 @@ class LearnerActor:
         """The batch without the turns that hold a token past its bound (None: nothing is left), counted."""
         return self.bound.drop_stale(table, self.version, self._totals)
 
-    def statistics(self) -> dict:
+    def statistics(self) -> LearnerStatistics:
         dropped = self._inbox.statistics()["dropped_frames"] if self._inbox else 0
         last = self.history[-1] if self.history else {}
         wall = time.perf_counter() - self._first_batch_at if self._first_batch_at else 0.0

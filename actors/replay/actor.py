@@ -1,7 +1,7 @@
 """ReplayActor: a buffer of scored episodes that cuts them into training batches of whole episodes.
 
-Batches take the oldest data first: the episodes whose oldest token has the lowest policy version, in
-order of arrival among equals (so a FIFO while versions arrive in order). An episode that finishes late
+Batches take the oldest data first (`buffer.OldestFirst`): the episodes whose oldest token has the lowest policy
+version, in order of arrival among equals (so a FIFO while versions arrive in order). An episode that finishes late
 (a slow tool, a long game) then goes into the next batch instead of queueing behind newer ones until the
 learner's staleness bound rejects it; with heavy-tailed episode times a FIFO would systematically lose the
 long episodes, and the policy would learn from the short ones only.
@@ -40,20 +40,19 @@ announcement (the learner announces every second). The learner itself refuses an
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import os
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import trio
 
-from streams.endpoints import Inbox, Outbox
+from actors.replay.buffer import OldestFirst
+from actors.replay.face import ReplayStatistics
 from actors.replay.spill import Spill, episode_source, previous_life
+from streams.endpoints import Inbox, Outbox
 from streams.messages import VERSION_TOPIC, VersionAnnounced
-from streams.schema import TRAJECTORY_SCHEMA, Columns, decode_table, encode_table
+from streams.schema import Columns, decode_table, encode_table
 from streams.values import Rejections, check_rows
 from streams.wire import FRAME_LIMITS, MAX_HEADER_BYTES, Kind
 
@@ -84,14 +83,13 @@ class ReplayActor:
                        "batches_resent": 0, "reloaded_episodes": 0, "short_batches": 0, "compactions": 0,
                        "compacted_episodes": 0, "inherited_batches": 0, "inherited_episodes": 0}
         self._refused: dict[str, int] = {}  # episodes refused, by reason
-        self._buffered = 0
+        self.buffer = OldestFirst(cfg.batch_episodes, self.batch_bytes_limit)  # the episodes held, oldest first
         self._inbox = None
         self._spill = Spill(cfg.spill_dir) if cfg.spill_dir else None
         self._received_by_source: dict[str, int] = {}  # env actor -> its episodes held or batched
         self._rewind_to: int | None = None  # resend the logged batches after this number
         self._held_back = False  # what a resumed run took over waits for the first ``rewind``
         self._checkpoint_seen = None  # the learner's checkpoint directory (inode, time) at the last compaction
-        self._overhead = len(encode_table(TRAJECTORY_SCHEMA.empty_table(), batch_seq=10**18))  # a batch's own bytes
         self._rejected = Rejections(f"{name}: episode rows")
         self._learner_version: int | None = None  # the highest version its learner announced ...
         self._sent_at_announcement = 0  # ... and the batches sent when it heard it
@@ -103,9 +101,6 @@ class ReplayActor:
         return min(limit, self.cfg.max_batch_bytes) if self.cfg.max_batch_bytes else limit
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        self._heap: list[tuple[int, int, int, pa.Table]] = []  # (oldest token version, arrival, bytes, episode)
-        self._heap_bytes = 0
-        self._arrivals = itertools.count()
         self._changed = trio.Event()
         self._seen: set[str] = set()  # episode ids held or batched, not compacted: a second copy is dropped
         self._last_seq = 0
@@ -169,7 +164,7 @@ class ReplayActor:
         taken = batched = 0
         for ids in batches:
             whole = all(i in episodes for i in ids)
-            if whole and self._batch_bytes([episodes[i] for i in ids]) <= self.batch_bytes_limit():
+            if whole and self.buffer.fits([episodes[i] for i in ids]):
                 for episode_id in ids:
                     self._spill.add_episode(episodes.pop(episode_id))
                 taken, batched = taken + 1, batched + len(ids)
@@ -225,30 +220,22 @@ class ReplayActor:
     def _known(self, episode_id: str) -> bool:
         return episode_id in self._seen or (self._spill is not None and episode_id in self._spill.state.consumed)
 
-    def _batch_bytes(self, episodes: list[pa.Table]) -> int:
-        """The exact size of a batch body of ``episodes``: each one's record batches, and the stream's own."""
-        return self._overhead + sum(episode_bytes(e) for e in episodes)
-
     def _admissible(self, episode_id: str, episode: pa.Table) -> bool:
         """Whether an episode can go out in a batch at all (alone, it fits the limit); if not, refused and said."""
-        size = self._batch_bytes([episode])
-        if size <= self.batch_bytes_limit():
+        if self.buffer.fits([episode]):
             return True
         self._refused["larger_than_batch_limit"] = self._refused.get("larger_than_batch_limit", 0) + 1
         log.warning("%s refused episode %s: alone it makes a batch of %d bytes, over the limit of %d", self.name,
-                    episode_id, size, self.batch_bytes_limit())
+                    episode_id, self.buffer.batch_bytes([episode]), self.batch_bytes_limit())
         return False
 
     def _hold(self, episode_id: str, episode: pa.Table) -> None:
         self._count([episode_id])
-        size = episode_bytes(episode)
-        heapq.heappush(self._heap, (oldest_version(episode), next(self._arrivals), size, episode))
-        self._buffered = len(self._heap)
-        self._heap_bytes += size
+        self.buffer.hold(episode)
 
     async def _fill(self) -> None:
         while True:
-            while len(self._heap) >= self.cfg.capacity_episodes:
+            while len(self.buffer) >= self.cfg.capacity_episodes:
                 await self._changed.wait()
             await self._version_known.wait()  # the ceiling on versions is known before an episode is kept
             episode = self._admit(await self._inbox.receive())
@@ -267,33 +254,16 @@ class ReplayActor:
             self._stats["episodes_in"] += 1
             self._notify()
 
-    def _ready(self) -> bool:
-        """A batch can go: ``batch_episodes`` are held, or those held already fill a batch's bytes."""
-        full = self._heap_bytes + self._overhead > self.batch_bytes_limit()
-        return len(self._heap) >= self.cfg.batch_episodes or full
-
-    def _cut(self) -> list[pa.Table]:
-        """The oldest episodes, up to ``batch_episodes`` of them and as many as fit the batch's bytes."""
-        room = self.batch_bytes_limit() - self._overhead
-        episodes = []
-        while self._heap and len(episodes) < self.cfg.batch_episodes and (not episodes or self._heap[0][2] <= room):
-            _, _, size, episode = heapq.heappop(self._heap)
-            episodes.append(episode)
-            room -= size
-            self._heap_bytes -= size
-        self._buffered = len(self._heap)
-        if len(episodes) < self.cfg.batch_episodes:
-            self._stats["short_batches"] += 1
-        return episodes
-
     async def _batch(self, learner: Outbox) -> None:
         while True:
-            while (self._held_back or not self._ready()) and self._rewind_to is None:
+            while (self._held_back or not self.buffer.ready()) and self._rewind_to is None:
                 await self._changed.wait()
             if self._rewind_to is not None:
                 await self._resend(learner)
                 continue
-            episodes = self._cut()
+            episodes = self.buffer.cut()
+            if len(episodes) < self.cfg.batch_episodes:
+                self._stats["short_batches"] += 1
             self._notify()
             self._last_seq += 1
             body = encode_table(pa.concat_tables(episodes), batch_seq=self._last_seq)
@@ -342,28 +312,16 @@ class ReplayActor:
         self._changed.set()
         self._changed = trio.Event()
 
-    def statistics(self) -> dict:
+    def statistics(self) -> ReplayStatistics:
         inbox = self._inbox.statistics() if self._inbox else {}
         spill = self._spill.state.through if self._spill is not None else 0
-        return {**self._stats, "buffered": self._buffered, "batches_logged": self._last_seq,
+        return {**self._stats, "buffered": len(self.buffer), "batches_logged": self._last_seq,
                 "received_by_source": dict(self._received_by_source), "compacted_through": spill,
                 "rejected_rows": self._rejected.total(), "rejected_by_reason": dict(self._rejected.counts),
                 "learner_version": self._learner_version,
                 "refused_episodes": sum(self._refused.values()), "refused_by_reason": dict(self._refused),
                 "batch_bytes_limit": self.batch_bytes_limit(), "held_back": self._held_back,
                 "dropped_frames": inbox.get("dropped_frames", 0), "streams": {"episodes": inbox}}
-
-
-def oldest_version(episode: pa.Table) -> int:
-    """The policy version of the episode's oldest token (0 for an episode without tokens)."""
-    versions = pc.list_flatten(episode.column(Columns.POLICY_VERSIONS))
-    oldest = pc.min(versions).as_py()
-    return 0 if oldest is None else int(oldest)
-
-
-def episode_bytes(episode: pa.Table) -> int:
-    """What an episode adds to a batch's Arrow IPC stream: its record batches, as written."""
-    return sum(pa.ipc.get_record_batch_size(batch) for batch in episode.to_batches())
 
 
 def checkpointed_cursor(checkpoint_dir: str, life: str) -> int:

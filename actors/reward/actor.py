@@ -35,6 +35,7 @@ from typing import Optional
 import pyarrow as pa
 import trio
 
+from actors.reward.face import RewardStatistics
 from actors.reward.judges import JudgeConfig, JudgeScorer
 from actors.reward.scorers import Unscored, as_scorer, game_outcome
 from streams.endpoints import Inbox, Outbox
@@ -145,7 +146,7 @@ class RewardActor:
         self._stats["rejected_episodes"] += 1
         return None
 
-    def statistics(self) -> dict:
+    def statistics(self) -> RewardStatistics:
         inbox = self._inbox.statistics() if self._inbox else {}
         return {**self._stats, "rejected_rows": self._rejected.total(), "rejected_by_reason": dict(self._rejected.counts),
                 "unscored_by_reason": dict(self._unscored.counts), "scorer": self.scorer.statistics(),

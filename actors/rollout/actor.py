@@ -44,6 +44,7 @@ import trio
 from actors.models.base_model import load_policy
 from actors.models.devices import check_device, check_dtype, resolve_device, resolve_dtype
 from streams.endpoints import Inbox
+from actors.rollout.face import RolloutStatistics
 from actors.rollout.hf_engine import device_generator, sample
 from actors.models.snapshots import SnapshotError, load_snapshot, parse_snapshot_id
 from actors.rollout.vllm_engine import VllmOptions
@@ -336,7 +337,7 @@ class RolloutActor(RolloutWeights):
         self._stats["batches"] += 1
         return results
 
-    def statistics(self) -> dict:
+    def statistics(self) -> RolloutStatistics:
         inbox = self._inbox.statistics() if self._inbox else {}
         wall = time.perf_counter() - self._started_at
         return {**self._stats, **self._checks.statistics(), "version": self.version, "life": self.life,

@@ -26,19 +26,21 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
+from actors.env.face import EnvFace
 from actors.runs.config import RunConfig
 from actors.models.base_model import ensure_base_model, tiny_model_config
 from actors.models.random_model import ensure_random_model, random_model_config
 from actors.runs.ray_cluster import open_cluster
 from actors.runs.control import ControlServer
 from actors.runs.evaluations import Evaluations
+from actors.runs.handles import call_unless_dead, handle
 from actors.runs.inherited import count_inherited, release_inherited
 from actors.runs.league_steward import LeagueSteward
 from actors.observe.monitor import MetricsLog, plot_learning_curve
-from actors.runs.recovery import (GroupRecovery, RestartLimit, RestartsExhausted, call_unless_dead, restart_env,
-                                  statistics_or_recover)
-from actors.runs.scaling import Scaler
+from actors.runs.recovery import GroupRecovery, RestartLimit, RestartsExhausted, restart_env, statistics_or_recover
+from actors.runs.scaling import ScaleContext, Scaler
 from actors.observe.tensorboard import TensorBoardLog
 from actors.observe.wandb_log import WandbLog
 from actors.runs.topology import Topology, build_topology
@@ -94,7 +96,7 @@ class Driver:
         self.training = False  # env actors may start training episodes (a restarted one is told again)
         self.top: Topology | None = None
         self.steward: LeagueSteward | None = None
-        self.scaler = Scaler(self)
+        self.scaler: Scaler | None = None  # once the run's actors are up
         self._stop = threading.Event()  # ``stop``: end training at the next round, as the budget would
         self._final_evaluation = True  # ``stop(evaluate=False)``: end without it, as on Ctrl-C
 
@@ -103,7 +105,7 @@ class Driver:
     def scale(self, kind: str, count: int) -> int:
         """Ask for ``count`` actors of ``kind`` (``rollout``, ``rollout-<member>`` or ``env``); applied by the
         run's loop at its next round. Returns how many it runs now. The control endpoint's thread calls it."""
-        if self.top is None:
+        if self.scaler is None:
             raise ValueError("the run is still starting its actors: scale it once it trains")
         self.scaler.check(kind, count)
         self.scaler.requests.put((kind, count))
@@ -151,6 +153,8 @@ class Driver:
             self.evaluations = Evaluations(cluster, top.envs, self.cfg.eval, mains, self.past_evaluations)
             if top.league is not None:
                 self.steward = LeagueSteward(cluster, top, self.dir, self.evaluations.results)
+            self.scaler = Scaler(ScaleContext(self.cfg, cluster, top, self.evaluations, self.metrics, self.restarts,
+                                              self.recover, lambda: self.training, self.set_training))
             control = ControlServer(self.dir, self.scale, self.stop)  # `tidal scale` and `tidal stop` reach it here
             self._evaluate_now("resume" if self.resumed else "start", endpoint_games)
             # minute 0 of the curves: training starts (a resumed run goes on from where its metrics stopped)
@@ -172,7 +176,8 @@ class Driver:
         finally:
             if control is not None:
                 control.close()
-            self.scaler.close()
+            if self.scaler is not None:
+                self.scaler.close()
             if self.steward is not None:
                 table = self.steward.table_or_none()
             cluster.shutdown()  # a league writes its state as it stops
@@ -188,7 +193,7 @@ class Driver:
         """Let the env actors (``envs``: these only) start training episodes, or stop them."""
         self.training = on
         for env in self.top.envs if envs is None else envs:  # one found dead is told by its restart
-            call_unless_dead(self.cluster, env, "set_training", on)
+            call_unless_dead(handle(self.cluster, env, EnvFace).set_training, on)
 
     def recover(self, name: str, error: Exception) -> dict:
         """Restart a dead actor of any kind, losing nothing and counting nothing twice (docs/faults-and-scaling.md)."""
@@ -223,7 +228,7 @@ class Driver:
         log.error(message)
         raise RuntimeError(message) from error
 
-    def _tick(self) -> dict[str, dict]:
+    def _tick(self) -> dict[str, Any]:
         """Every actor's statistics (the health check: a dead actor is restarted here); the league's round."""
         stats = statistics_or_recover(self.cluster, self.top.names(), self.recover)
         if self.steward is not None:
@@ -334,7 +339,7 @@ class Driver:
             "guard_trips": next((r["guard_trips"] for r in reversed(rows) if "guard_trips" in r), 0),
             "eta_last": next((r["eta"] for r in reversed(rows) if "eta" in r), None),
             "restarts": self.restarts,
-            "scale_events": self.scaler.events,
+            "scale_events": self.scaler.events if self.scaler is not None else [],
             "life": self.top.life if self.top is not None else None,
             "evaluations": evaluations,
         }

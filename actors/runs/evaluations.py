@@ -10,8 +10,12 @@ every ``eval.every_s`` while training, and one at the end. A single-policy run's
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
+from actors.env.face import EnvFace, EnvStatistics
 from actors.runs.config import EvalSection
+from actors.runs.handles import handle
 
 POLICY = "policy"  # the env actors' own policy (a single-policy run's player)
 
@@ -27,15 +31,15 @@ class Evaluation:
         self.started = time.time()
         self.shares = {env: share for env, share in zip(envs, shares) if share}
         for env, share in self.shares.items():
-            cluster.call(env, "evaluate", tag, share, opponent, player)
+            handle(cluster, env, EnvFace).evaluate(tag, share, opponent, player)
         self.envs = list(self.shares)
 
     def restarted(self, env: str) -> None:
         """``env`` died with its share of the games: its successor plays the whole share again."""
         if env in self.shares:
-            self.cluster.call(env, "evaluate", self.tag, self.shares[env], self.opponent, self.player)
+            handle(self.cluster, env, EnvFace).evaluate(self.tag, self.shares[env], self.opponent, self.player)
 
-    def result(self, env_stats: dict[str, dict]) -> dict | None:
+    def result(self, env_stats: Mapping[str, EnvStatistics]) -> dict | None:
         """The merged result once every env actor has finished its share, else None."""
         parts = [next((e for e in env_stats[env]["evaluations"] if e["tag"] == self.tag), None) for env in self.envs]
         if any(p is None or not p["done"] for p in parts):
@@ -80,7 +84,7 @@ class Evaluations:
         self.rounds += 1
         self.start(f"during-{self.rounds}", self.cfg.games_per_seat)
 
-    def collect(self, stats: dict[str, dict]) -> list[dict]:
+    def collect(self, stats: dict[str, Any]) -> list[dict]:
         """The results of the open evaluations whose games have all ended (they are closed)."""
         done = [(e, r) for e in self.open if (r := e.result(stats)) is not None]
         for evaluation, _ in done:

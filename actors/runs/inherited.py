@@ -14,24 +14,28 @@ from __future__ import annotations
 import logging
 
 from actors.env.admission import admission_share
-from actors.runs.recovery import call_unless_dead
+from actors.env.face import EnvFace, EnvStatistics
+from actors.learner.face import LearnerFace
+from actors.replay.face import ReplayFace
+from actors.runs.handles import call_unless_dead, handle
 
 log = logging.getLogger(__name__)
 
 
 def count_inherited(cluster, top) -> int:
     """Move the env actors' admission counts by the episodes their policy's replay took over; returns how many."""
-    replay = next(iter(top.groups.values())).replay
-    inherited = cluster.statistics(replay).get("inherited_episodes", 0)
+    replay = handle(cluster, next(iter(top.groups.values())).replay, ReplayFace)
+    inherited = replay.statistics().get("inherited_episodes", 0)
     if not inherited or not top.envs:
         return 0
-    stats = {name: cluster.statistics(name) for name in top.envs}
+    envs = {name: handle(cluster, name, EnvFace) for name in top.envs}
+    stats: dict[str, EnvStatistics] = {name: env.statistics() for name, env in envs.items()}
     total = sum(s["admission_offset"] for s in stats.values())  # what the learner consumed before this life
     for name, s in stats.items():
         i, n = s["admission_slot"]
         delta = admission_share(total + inherited, i, n) - s["admission_offset"]
         cluster.reconfigure(name, admission_offset=s["admission_offset"] + delta)  # what a restart of it counts
-        cluster.call(name, "rebalance", (i, n), delta)
+        envs[name].rebalance((i, n), delta)
     log.info("the %d episodes replay took over from the previous life count as started", inherited)
     return inherited
 
@@ -39,5 +43,6 @@ def count_inherited(cluster, top) -> int:
 def release_inherited(cluster, top) -> None:
     """Training starts: each replay sends what it took over, after its learner's data cursor (0 in a new life)."""
     for group in top.groups.values():  # a replay found dead is restarted, and rewound, by the health check
-        if (call_unless_dead(cluster, group.replay, "statistics") or {}).get("held_back"):
-            call_unless_dead(cluster, group.replay, "rewind", cluster.statistics(group.learner)["cursor"])
+        replay = handle(cluster, group.replay, ReplayFace)
+        if (call_unless_dead(replay.statistics) or {}).get("held_back"):
+            call_unless_dead(replay.rewind, handle(cluster, group.learner, LearnerFace).statistics()["cursor"])

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
+from actors.env.face import EnvFace
 from actors.league.actor import load_state
-from actors.runs.recovery import call_unless_dead
+from actors.league.face import LeagueFace, LeagueStatistics
+from actors.learner.face import LearnerFace, LearnerStatistics
+from actors.runs.handles import call_unless_dead, handle
 from actors.runs.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -28,36 +32,41 @@ class LeagueSteward:
         """``evaluations``: the run's evaluation results (``Evaluations.results``), recorded with the league as
         they come (``record_evaluation``) and again after its restart."""
         self.cluster, self.top, self.dir, self.evaluations = cluster, top, run_dir, evaluations
+        # a call that finds it dead since the health check is skipped (``call_unless_dead``): the next check
+        # restarts it, and the restart registers again what it had not saved
+        self.league = handle(cluster, top.league, LeagueFace)
         self.registered: set[str] = set()
         self.asked: dict[str, bool] = {}  # member -> reset: snapshots asked for and not registered yet
         self.matches = 0  # rated matches in the league's last statistics
         self.results_lost = 0  # taken by a league that died before it saved them
 
-    def tick(self, stats: dict[str, dict]) -> None:
+    def tick(self, stats: dict[str, Any]) -> None:
         """Versions to the league, snapshots it wants to the learners, written snapshots to the league."""
-        self.matches = stats[self.top.league]["matches"]
-        learners = {m: stats[group.learner] for m, group in self.top.groups.items()}
+        league: LeagueStatistics = stats[self.top.league]
+        self.matches = league["matches"]
+        learners: dict[str, LearnerStatistics] = {m: stats[group.learner] for m, group in self.top.groups.items()}
         for member, learner in learners.items():
             for snapshot in learner["snapshots"]:
                 if snapshot["id"] not in self.registered:
-                    if self._call("add_snapshot", snapshot["id"], member, snapshot["version"],
-                                  snapshot["path"]) is None:
+                    if call_unless_dead(self.league.add_snapshot, snapshot["id"], member, snapshot["version"],
+                                        snapshot["path"]) is None:
                         return  # the league died since the health check: the next one restarts it
                     self.registered.add(snapshot["id"])
                     self.asked.pop(member, None)
-        due = self._call("observe", {m: s["version"] for m, s in learners.items()}) or {}
+        due = call_unless_dead(self.league.observe, {m: s["version"] for m, s in learners.items()}) or {}
         for member, reset in due.items():
             self.asked[member] = reset
             self._ask_snapshot(member, reset)
 
-    def metrics(self, stats: dict[str, dict]) -> dict:
+    def metrics(self, stats: dict[str, Any]) -> dict:
         """The league's fields of a metrics row."""
-        league = stats[self.top.league]
+        league: LeagueStatistics = stats[self.top.league]
+        learners: dict[str, LearnerStatistics] = {m: stats[group.learner] for m, group in self.top.groups.items()}
         return {"matches": league["matches"], "snapshots": league["snapshots"], "ratings": league["ratings"],
-                "versions": {m: stats[group.learner]["version"] for m, group in self.top.groups.items()}}
+                "versions": {m: learner["version"] for m, learner in learners.items()}}
 
     def record_evaluation(self, result: dict) -> None:
-        self._call("record_evaluation", result)
+        call_unless_dead(self.league.record_evaluation, result)
 
     def restart_league(self) -> None:
         """From its last saved state (a fresh league if it died before its first save)."""
@@ -66,18 +75,18 @@ class LeagueSteward:
         except FileNotFoundError:
             saved = None
         self.cluster.restart(self.top.league, resume=saved is not None)
-        kept = self.cluster.statistics(self.top.league)["matches"]  # its saved state and its journal's results
+        kept = self.league.statistics()["matches"]  # its saved state and its journal's results
         self.results_lost += max(self.matches - kept, 0)
         log.warning("the league restarted with %d rated matches (%d before it died)", kept, self.matches)
         self.matches = kept
         self.registered = set(saved["snapshots"]) if saved else set()  # the next tick registers the others again
-        self.cluster.call(self.top.league, "expect_snapshots", self.asked)
+        self.league.expect_snapshots(self.asked)
         recorded = {e["tag"] for e in saved["evaluations"]} if saved else set()
         for evaluation in self.evaluations:
             if evaluation["tag"] not in recorded:
-                self.cluster.call(self.top.league, "record_evaluation", evaluation)
+                self.league.record_evaluation(evaluation)
         for env in self.top.envs:
-            call_unless_dead(self.cluster, env, "reissue_match_request")
+            call_unless_dead(handle(self.cluster, env, EnvFace).reissue_match_request)
 
     def learner_restarted(self, member: str) -> None:
         """Its snapshot, if one was asked of it, died with it: ask again."""
@@ -86,7 +95,7 @@ class LeagueSteward:
 
     def table_or_none(self) -> dict | None:
         try:
-            return self.cluster.call(self.top.league, "table")
+            return self.league.table()
         except Exception as error:  # the league died: the summary says so, its last saved state stays on disk
             log.warning("no league table at the end: %s", error)
             return None
@@ -94,9 +103,5 @@ class LeagueSteward:
     def _ask_snapshot(self, member: str, reset: bool) -> None:
         """Ask ``member``'s learner for a snapshot (and, with ``reset``, to start again from the base model); a
         learner that died meanwhile is asked again by its restart."""
-        call_unless_dead(self.cluster, self.top.groups[member].learner, "snapshot", self.top.snapshots, reset)
-
-    def _call(self, method: str, *args):
-        """Call the league; None if it died since the last health check (the next one restarts it, and the
-        restart registers again what it had not saved)."""
-        return call_unless_dead(self.cluster, self.top.league, method, *args)
+        learner = handle(self.cluster, self.top.groups[member].learner, LearnerFace)
+        call_unless_dead(learner.snapshot, self.top.snapshots, reset)

@@ -19,6 +19,12 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
+
+from actors.env.face import EnvFace
+from actors.learner.face import LearnerFace
+from actors.replay.face import ReplayFace
+from actors.runs.handles import call_unless_dead, handle
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 60.0  # the longest wait before a restart
@@ -53,34 +59,25 @@ class RestartLimit:
         self.times.setdefault(name, []).append(self.clock())
 
 
-def call_unless_dead(cluster, name: str, method: str, *args):
-    """Call ``name``; if it died, None: the next health check restarts it, and the restart sees to it."""
-    try:
-        return cluster.call(name, method, *args)
-    except Exception as error:
-        if not cluster.is_dead(error):
-            raise
-        return None
-
-
 def restart_env(cluster, name: str, incarnation: int, replays: dict[str, str], training: bool,
                 evaluations=()) -> None:
     """Start env actor ``name`` again. Its episodes in flight died with it: its successor counts what it delivered
     to each member's replay (``replays``: member -> replay actor) as started (admission) and starts new ones in
     their place, starts training if the run is training, and plays again its share of each of ``evaluations``
-    (``monitor.Evaluation``) under way."""
-    delivered = {member: cluster.statistics(replay)["received_by_source"].get(name, 0)
+    (``evaluations.Evaluation``) under way."""
+    delivered = {member: handle(cluster, replay, ReplayFace).statistics()["received_by_source"].get(name, 0)
                  for member, replay in replays.items()}
     cluster.restart(name, incarnation=incarnation, started_before=delivered)
     if training:
-        cluster.call(name, "set_training", True)
+        handle(cluster, name, EnvFace).set_training(True)
     for evaluation in evaluations:
         evaluation.restarted(name)
 
 
-def statistics_or_recover(cluster, names, recover) -> dict[str, dict]:
-    """Every actor's statistics, by name: the run's health check. An actor found dead is handed to
-    ``recover(name, error)``, which restarts it (or raises) and returns what stands in for its statistics."""
+def statistics_or_recover(cluster, names, recover) -> dict[str, Any]:
+    """Every actor's statistics, by name (each its kind's: ``EnvStatistics``, ``LearnerStatistics``, ...): the
+    run's health check. An actor found dead is handed to ``recover(name, error)``, which restarts it (or raises)
+    and returns what stands in for its statistics."""
     stats = {}
     for name in names:
         try:
@@ -109,13 +106,13 @@ class GroupRecovery:
             return self._restart_learner()
         started = self.cluster.restart(name)
         if name == top.replay:
-            self.rewind_replay(self.cluster.statistics(top.learner)["cursor"])
+            self.rewind_replay(handle(self.cluster, top.learner, LearnerFace).statistics()["cursor"])
         return started  # reward: its env actors send again what it had not acknowledged
 
     def _restart_rollout(self, name: str) -> dict:
         """At its old address; the env actors send again their unanswered requests (which only it knew)."""
         started = self.cluster.restart(name)
-        reissued = sum(call_unless_dead(self.cluster, env, "reissue") or 0 for env in self.envs)
+        reissued = sum(call_unless_dead(handle(self.cluster, env, EnvFace).reissue) or 0 for env in self.envs)
         log.warning("%s restarted; %d unanswered generation requests sent again", name, reissued)
         return started
 
@@ -138,4 +135,5 @@ class GroupRecovery:
         return started
 
     def rewind_replay(self, cursor: int) -> None:
-        call_unless_dead(self.cluster, self.top.replay, "rewind", cursor)  # dead too: its own restart rewinds it
+        replay = handle(self.cluster, self.top.replay, ReplayFace)
+        call_unless_dead(replay.rewind, cursor)  # dead too: its own restart rewinds it

@@ -3,7 +3,8 @@
 import trio
 
 from streams.endpoints import Inbox, Outbox
-from actors.replay.actor import ReplayActor, ReplayConfig, oldest_version
+from actors.replay.actor import ReplayActor, ReplayConfig
+from actors.replay.buffer import oldest_version
 from actors.replay.spill import BATCH_LOG, Spill
 from streams.channels import MemoryTransport
 from streams.schema import Columns, decode_batch, decode_table, encode_table

@@ -53,7 +53,7 @@ def test_long_context_episodes_go_out_in_batches_within_the_frame_limit(tmp_path
                         await trio.sleep(0.01)
                     # then every honest episode went out in a batch or is held, and no batch is due
                     while sum(len(ids) for _, ids in got) + replay.statistics()["buffered"] < len(honest) \
-                            or replay._ready():
+                            or replay.buffer.ready():
                         table, seq = await inbox.receive()
                         got.append((seq, table.column(Columns.EPISODE_ID).unique().to_pylist()))
             stats, learner_stats = replay.statistics(), inbox.statistics()
@@ -81,4 +81,4 @@ def test_a_batch_body_is_as_large_as_replay_reckons():
     replay = ReplayActor(ReplayConfig(batch_episodes=4, capacity_episodes=4))
     episodes = [long_episode(f"e-0-{i}", turns=1 + i, context=100 * i + 1) for i in range(4)]
     body = encode_table(pa.concat_tables(episodes), batch_seq=123456)
-    assert len(body) <= replay._batch_bytes(episodes) <= len(body) + 64
+    assert len(body) <= replay.buffer.batch_bytes(episodes) <= len(body) + 64
