@@ -13,7 +13,7 @@ version of every token, each completion sent to the address named in its request
 Either way a request waits until the actor holds weights at least as new as its ``min_version``, so no
 token is older than the learner version its env actor acted on. A restarted learner is a new *life*: the actor
 follows it even to a lower version, and samples nothing more with the dead life's weights once the new one
-announced itself (``actors/rollout/weights.py``). A request it must not sample (a prompt token outside the
+announced itself (`HeldWeights`, ``actors/rollout/weights.py``). A request it must not sample (a prompt token outside the
 tokenizer's vocabulary, a negative ``min_version``: `streams.values.RequestChecks`) is refused on arrival.
 
 In a league the actor also serves its member's frozen snapshots: a request whose ``policy_id`` is a snapshot id
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -49,8 +48,8 @@ from actors.rollout.hf_engine import device_generator, sample
 from actors.models.snapshots import SnapshotError, load_snapshot, parse_snapshot_id
 from actors.rollout.vllm_engine import VllmOptions
 from actors.models.padding import cut
-from actors.rollout.weights import RolloutWeights
-from streams.weights import FetchedWeights, LearnerFeed, WeightsFollower
+from actors.rollout.weights import HeldWeights, Load
+from streams.weights import LearnerFeed, WeightsFollower, load_weights
 from streams.messages import (VERSION_TOPIC, WEIGHTS_TOPIC, Completion, GenerationRequest, decode_requests,
                              encode_completions, split_completions)
 from streams.replies import open_replies
@@ -100,15 +99,12 @@ class RolloutConfig:
 BACKENDS = ("hf", "vllm")
 
 
-class RolloutActor(RolloutWeights):
+class RolloutActor:
     def __init__(self, cfg: RolloutConfig, name: str = "rollout"):
         self.cfg, self.name = cfg, name
-        self.version, self.life, self._live_life = 0, None, None  # see actors/rollout/weights.py
-        self._latest_weights: FetchedWeights | None = None  # set on the trio loop, taken by the sampling thread
-        self._weights_lock = threading.Lock()
-        self._stats = {"requests": 0, "tokens": 0, "batches": 0, "generate_s": 0.0, "weights_applied": 0,
-                       "weights_applied_mid_batch": 0, "version_waits": 0, "idle_s": 0.0,
-                       "refused_requests": 0, "lives_followed": 0}
+        self.weights = HeldWeights(cfg.policy_id, name)  # the learner's newest, and those the engine holds
+        self._stats = {"requests": 0, "tokens": 0, "batches": 0, "generate_s": 0.0, "idle_s": 0.0,
+                       "refused_requests": 0}
         self._started_at = time.perf_counter()
         self._queue = None
         self._follower = None
@@ -124,7 +120,7 @@ class RolloutActor(RolloutWeights):
         self._sampler = engine[0] if self.cfg.backend == "vllm" else None
         queue_in, queue_out = trio.open_memory_channel(4 * self.cfg.max_batch)
         completions_in, completions_out = trio.open_memory_channel(self.cfg.max_batch)
-        self._queue, self._weights_arrived, self._version_changed = queue_out, trio.Event(), trio.Event()
+        self._queue = queue_out
         policy = self.cfg.policy_id.encode()
         try:
             async with (
@@ -138,11 +134,11 @@ class RolloutActor(RolloutWeights):
                 self._follower = WeightsFollower(transport, shared_memory=self.cfg.weights_shared_memory)
                 self._streams = {"requests": self._inbox, "weights": manifests}
                 nursery.start_soon(self._queue_requests, queue_in, completions_in, len(engine[1]))
-                nursery.start_soon(self._follow_weights, manifests)
+                nursery.start_soon(self.weights.follow, manifests, self._follower)
                 nursery.start_soon(self._send_completions, completions_out, transport)
                 if self.cfg.backend == "vllm":
                     snapshots_in, snapshots_out = trio.open_memory_channel(4 * self.cfg.max_batch)
-                    nursery.start_soon(self._apply_weights, self._sampler)
+                    nursery.start_soon(self.weights.load_arrivals, self._sampler.load)
                     nursery.start_soon(self._serve_streams, queue_out, self._sampler, completions_in, snapshots_in)
                     nursery.start_soon(self._serve_snapshots, snapshots_out, engine[1], completions_in)
                 else:
@@ -210,7 +206,7 @@ class RolloutActor(RolloutWeights):
                 await trio.sleep(self.cfg.latency_s)  # the emulated engine's latency: this batch is busy meanwhile
             live = [r for r in batch if r.policy_id == self.cfg.policy_id]
             if live:
-                await self._catch_up(model, max(request.min_version for request in live))
+                await self.weights.wait_for(max(request.min_version for request in live), loading_into(model))
                 for answer in await self._generate(model, tokenizer, live, generator):
                     await completions.send(answer)
             await self._sample_snapshots([r for r in batch if r.policy_id != self.cfg.policy_id], tokenizer,
@@ -290,7 +286,7 @@ class RolloutActor(RolloutWeights):
 
     async def _answer(self, request: GenerationRequest, sampler, completions, slots: trio.Semaphore) -> None:
         try:
-            await self._wait_for_version(request.min_version)
+            await self.weights.wait_for(request.min_version)
             try:
                 s = await sampler.sample(request.prompt_ids, temperature=request.temperature,
                                          max_tokens=request.max_tokens)
@@ -319,14 +315,15 @@ class RolloutActor(RolloutWeights):
             for rows in cut(range(len(requests)), [len(r.prompt_ids) for r in requests], None):
                 passes.append((temperature, max_tokens, [requests[i] for i in rows]))
         results, started = [], time.perf_counter()
-        swap = (lambda: self._swap_mid_batch(model)) if self.cfg.interruptible and frozen_version is None else None
+        load = loading_into(model)
+        swap = (lambda: self.weights.swap(load)) if self.cfg.interruptible and frozen_version is None else None
         for temperature, max_tokens, requests in passes:
-            if swap is not None and self._held_dead():  # the learner started again since the batch began
-                await self._catch_up(model, 0)
+            if swap is not None and not self.weights.live:  # the learner started again since the batch began
+                await self.weights.wait_for(0, load)
             samples = await trio.to_thread.run_sync(lambda: sample(
                 model, [r.prompt_ids for r in requests], eos_id=tokenizer.eos_token_id,
                 pad_id=tokenizer.pad_token_id, temperature=temperature, max_new_tokens=max_tokens,
-                generator=generator, version=self.version if frozen_version is None else frozen_version,
+                generator=generator, version=self.weights.version if frozen_version is None else frozen_version,
                 swap_weights=swap))
             for request, s in zip(requests, samples):
                 completion = Completion(request.request_id, s.tokens, s.logprobs, s.versions, s.finished)
@@ -340,11 +337,20 @@ class RolloutActor(RolloutWeights):
     def statistics(self) -> RolloutStatistics:
         inbox = self._inbox.statistics() if self._inbox else {}
         wall = time.perf_counter() - self._started_at
-        return {**self._stats, **self._checks.statistics(), "version": self.version, "life": self.life,
-                "learner_life": self._live_life,
+        return {**self._stats, **self.weights.statistics(), **self._checks.statistics(),
                 "backend": self.cfg.backend, "dropped_frames": inbox.get("dropped_frames", 0),
                 "idle_fraction": min(self._stats["idle_s"] / wall, 1.0) if wall > 0 else 0.0,
                 "queued_requests": self._queue.statistics().current_buffer_used if self._queue else 0,
                 "weights": self._follower.stats if self._follower else {},
                 "vllm": dict(self._sampler.stats) if self._sampler else {},
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}
+
+
+def loading_into(model) -> Load:
+    """The hf engine's load: weights copied into ``model``'s parameters in place (so they take its device and
+    dtype), in a worker thread; the model is idle meanwhile (between batches, or with its sampling thread waiting
+    in a swap)."""
+    async def load(version: int, tensors) -> None:
+        await trio.to_thread.run_sync(load_weights, model, tensors)
+
+    return load

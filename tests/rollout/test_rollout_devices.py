@@ -9,7 +9,7 @@ from actors.cli import load_config
 from actors.models.base_model import load_policy
 from actors.rollout.hf_engine import device_generator, sample
 from actors.models.snapshots import write_snapshot
-from actors.rollout.actor import RolloutActor, RolloutConfig
+from actors.rollout.actor import RolloutActor, RolloutConfig, loading_into
 from streams.weights import FetchedWeights, weights_to_bytes
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -75,8 +75,13 @@ def test_a_bfloat16_policy_samples_takes_learner_weights_and_snapshots_in_bfloat
         assert s.finished == (s.tokens[-1] == tokenizer.eos_token_id)
 
     learner, _ = load_policy(tiny_model_dir)  # float32, as a learner on the CPU publishes it
-    actor._latest_weights = FetchedWeights(1, bytearray(weights_to_bytes(perturbed(learner))))
-    assert actor._take_weights(model) == 1
+
+    async def take_weights():
+        actor.weights.offer(FetchedWeights(1, bytearray(weights_to_bytes(perturbed(learner)))))
+        await actor.weights.wait_for(1, loading_into(model))
+
+    trio.run(take_weights)
+    assert actor.weights.version == 1
     for (name, param), expected in zip(model.named_parameters(), learner.parameters()):
         assert param.dtype == torch.bfloat16 and param.device == actor.device, name
         assert torch.equal(param, expected.to(torch.bfloat16)), name
