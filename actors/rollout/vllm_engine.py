@@ -1,4 +1,5 @@
-"""vLLM's async engine as a trio-facing sampler: per-token log-probs and versions, weights loaded in place.
+"""The ``vllm`` engine: vLLM's async engine as a trio-facing sampler (per-token log-probs and versions, weights
+loaded in place), and the rollout actor's engine around it (`VllmEngine`).
 
 vLLM's ``AsyncLLM`` lives on an asyncio loop in a thread of its own (`AsyncioThread`); trio tasks hand it
 coroutines and wait for them without holding a thread each. The engine's scheduler and the worker that holds
@@ -31,14 +32,18 @@ import logging
 import os
 import tempfile
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import trio
 
 from actors.models.devices import check_dtype, resolve_dtype
-from actors.rollout.hf_engine import Sample
+from actors.rollout.hf_engine import Sample, SnapshotCache
+from actors.rollout.serving import waiting
+from actors.rollout.weights import HeldWeights
+from streams.messages import Completion, GenerationRequest
 from streams.private_files import private_dir, remove_private_dir, sweep_stale, write_private
 
 log = logging.getLogger(__name__)
@@ -300,6 +305,67 @@ class VllmSampler:
         finally:
             self._thread.close()
             remove_private_dir(self._weights_dir)
+
+
+class VllmEngine:
+    """The ``vllm`` engine of a rollout actor: every request for the live policy a trio task of its own on the
+    `VllmSampler`, up to ``max_batch`` in flight (vLLM batches them continuously), sampled once the engine holds
+    weights as new as it asks for. Each new version is loaded into the running engine as soon as it arrives;
+    requests in flight resume from their prefix with it. The engine holds one set of weights, the live policy's:
+    requests for snapshots go past it to the hf sampler beside it (`SnapshotCache`), in batches of those waiting."""
+
+    def __init__(self, sampler: VllmSampler, snapshots: SnapshotCache, weights: HeldWeights, *, max_batch: int):
+        self.sampler, self.snapshots, self.weights, self.max_batch = sampler, snapshots, weights, max_batch
+        self.tokenizer, self.served = snapshots.sampler.tokenizer, snapshots.sampler.served
+
+    async def load(self, version: int, tensors) -> None:
+        """Load weights into the running engine in place (`VllmSampler.load`)."""
+        await self.sampler.load(version, tensors)
+
+    async def serve(self, requests: trio.MemoryReceiveChannel, completions: trio.MemorySendChannel) -> None:
+        snapshots_in, snapshots_out = trio.open_memory_channel(4 * self.max_batch)
+        slots = trio.Semaphore(self.max_batch)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.weights.load_arrivals, self.load)
+            nursery.start_soon(self._serve_snapshots, snapshots_out, completions)
+            while True:
+                idle_from = time.perf_counter()
+                request = await requests.receive()
+                if request.policy_id != self.weights.policy_id:
+                    await snapshots_in.send(request)
+                    continue
+                if slots.value == self.max_batch:  # nothing was in flight while it waited
+                    self.served.idle_s += time.perf_counter() - idle_from
+                await slots.acquire()
+                nursery.start_soon(self._answer, request, completions, slots)
+
+    async def _serve_snapshots(self, requests: trio.MemoryReceiveChannel, completions) -> None:
+        while True:
+            await self.snapshots.sample(await waiting(requests, self.max_batch), completions)
+
+    async def _answer(self, request: GenerationRequest, completions, slots: trio.Semaphore) -> None:
+        try:
+            await self.weights.wait_for(request.min_version)
+            try:
+                s = await self.sampler.sample(request.prompt_ids, temperature=request.temperature,
+                                              max_tokens=request.max_tokens)
+            except ValueError as error:  # RequestRefused, an empty prompt: answer this request, serve the rest
+                log.warning("%s: request %d refused by the engine: %s", self.sampler.name, request.request_id, error)
+                self.served.refused_requests += 1
+                await completions.send((Completion.refused(request.request_id, str(error)), request))
+                return
+            self.served.requests += 1
+            self.served.tokens += len(s.tokens)
+            await completions.send((Completion(request.request_id, s.tokens, s.logprobs, s.versions, s.finished),
+                                    request))
+        finally:
+            slots.release()
+
+    def statistics(self) -> dict:
+        return {**asdict(self.served), **self.snapshots.statistics(), "vllm": dict(self.sampler.stats)}
+
+    def close(self) -> None:
+        self.sampler.close()
 
 
 def engine_options(o: VllmOptions, *, on_cpu: bool) -> dict:

@@ -1,4 +1,4 @@
-"""The rollout actor's weights: following its learner's versions and lives, and taking them into the engine.
+"""The rollout actor's weights: following its learner's versions and lives, and handing them to the engine.
 
 The learner announces its version and its *life* (its starts in this life of the run) before each manifest, which
 names that life too (`streams.weights.LearnerFeed`): a manifest of a newer life announces it. The actor holds
@@ -16,148 +16,153 @@ life's announcement makes them dead.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from streams.messages import VersionAnnounced
-from streams.weights import FetchedWeights, LearnerFeed, load_weights
+from streams.weights import FetchedWeights, LearnerFeed
 
 log = logging.getLogger(__name__)
 WAIT_LOG_S = 30.0  # a wait for weights says so this often
 
+Load = Callable[[int, object], Awaitable[None]]  # an engine's load(version, tensors): the weights into the engine
 
-class RolloutWeights:
-    """A mixin of ``RolloutActor``: ``version`` and ``life`` are those of the weights the engine holds;
-    ``_live_life`` the newest life announced; ``_latest_weights`` the newest checked weights not yet loaded."""
 
-    version: int
-    life: int | None
-    _live_life: int | None
+class HeldWeights:
+    """The weights a rollout actor's engine holds (``version``, ``life``), the newest checked weights that arrived
+    and are not loaded yet, and the learner's newest life (``learner_life``).
+
+    Everything here runs on the actor's trio loop; `swap` is called from the engine's sampling thread and does its
+    work on the loop. The engine's ``load`` is handed in where the engine takes weights: a waiter that owns an idle
+    engine loads them itself (`wait_for` with ``load``: hf between batches; `swap`: hf between two decoding steps),
+    or a task of the engine loads each as it arrives (`load_arrivals`: vllm)."""
+
+    def __init__(self, policy_id: str, name: str):
+        self.policy_id, self.name = policy_id, name
+        self.version, self.life = 0, None  # of the weights the engine holds
+        self.learner_life: int | None = None  # the newest life announced
+        self._newest: FetchedWeights | None = None  # checked, not yet loaded
+        self._changed = trio.Event()  # set (and replaced) when weights arrive or load, or a life is announced
+        self._stats = {"weights_applied": 0, "weights_applied_mid_batch": 0, "version_waits": 0, "lives_followed": 0}
+
+    @property
+    def live(self) -> bool:
+        """Are the weights held the live life's (no newer life has been announced since they were published)?"""
+        return self.learner_life is None or self.life is None or self.life == self.learner_life
+
+    async def follow(self, feed: LearnerFeed, follower) -> None:
+        """Follow the learner on ``feed`` until cancelled: its lives, and each manifest's weights that would
+        replace those held, fetched by ``follower`` (`streams.weights.WeightsFollower`: from shared memory, or in
+        checked chunks) and offered."""
+        while True:
+            message = await feed.receive()
+            if message.policy_id != self.policy_id:
+                continue
+            # a newer life's manifest announces it too (its announcement may have been missed)
+            self.on_life_announced(message.life)
+            if isinstance(message, VersionAnnounced) or not self._wanted(message.life, message.version):
+                continue
+            data = await follower.fetch(message)
+            if data is not None:
+                self.offer(FetchedWeights(message.version, data, message.life))
+
+    def on_life_announced(self, life: int) -> None:
+        """The learner announced ``life``: a newer one makes the weights held (and any not yet loaded) dead."""
+        if self.learner_life is not None and life <= self.learner_life:
+            return
+        self.learner_life = life
+        if self._newest is not None and self._newest.life != life:  # a dead life's weights are never loaded
+            self._newest = None
+        if not self.live:
+            self._stats["lives_followed"] += 1
+            log.warning("%s: the learner started again (life %d); the weights of its life %d (version %d) are not "
+                        "sampled any more", self.name, life, self.life, self.version)
+        self._wake()
+
+    def offer(self, weights: FetchedWeights) -> None:
+        """Checked weights for the engine: kept as the newest to load if they would replace those held (the live
+        life's, newer than those held and than any kept); the waiters look again either way."""
+        if self._wanted(weights.life, weights.version):
+            self._newest = weights
+        self._wake()
+
+    async def wait_for(self, needed: int, load: Load | None = None) -> None:
+        """Until the engine holds weights of version ``needed`` or newer, of the live life (saying so every
+        ``WAIT_LOG_S``). With ``load``, the waiter loads what arrives itself (its engine is idle meanwhile), and
+        each time nothing has arrived it counts a wait; without, another task loads (`load_arrivals`), and the
+        waiter counts one wait however many loads it waits through."""
+        counted = False
+        while True:
+            if load is not None:
+                await self._load_newest(load)
+            if self.version >= needed and self.live:
+                return
+            if load is None or self._newest is None:  # nothing arrived that this waiter could load
+                if load is not None or not counted:
+                    self._stats["version_waits"] += 1
+                    counted = True
+                await self._next_change(needed)
+
+    def swap(self, load: Load) -> int | None:
+        """In a sampling thread (one that trio started), between two decoding steps: load the newest weights that
+        arrived, if any, and return their version. If those held are a dead life's, first wait for the live life's
+        (`wait_for`), so the batch samples no further token with them."""
+        if self.live and self._newest is None:  # read off the loop: what arrives meanwhile waits for the next step
+            return None
+        return trio.from_thread.run(self._swap, load)
+
+    async def load_arrivals(self, load: Load) -> None:
+        """Load the newest weights as soon as they arrive, until cancelled (an engine that loads beside the
+        requests it serves: vllm's)."""
+        while True:
+            if not await self._load_newest(load):
+                await self._changed.wait()
+
+    def statistics(self) -> dict:
+        return {**self._stats, "version": self.version, "life": self.life, "learner_life": self.learner_life}
 
     def _replaces(self, life: int | None, version: int) -> bool:
         """Would weights of (``life``, ``version``) replace those held? Another life's (a newer one: only the
         live life's are kept), or a newer version."""
         return (life is not None and self.life is not None and life != self.life) or version > self.version
 
-    def _held_dead(self) -> bool:
-        """Are the weights held a dead life's (a newer life has been announced)?"""
-        return self._live_life is not None and self.life is not None and self.life != self._live_life
-
     def _wanted(self, life: int | None, version: int) -> bool:
-        pending = self._latest_weights
-        if pending is not None and pending.life == life and version <= pending.version:
+        """Are weights of (``life``, ``version``) worth fetching and keeping: the live life's, replacing those held,
+        and newer than those kept?"""
+        newest = self._newest
+        if newest is not None and newest.life == life and version <= newest.version:
             return False
-        return life == self._live_life and self._replaces(life, version)
-
-    def _life_announced(self, life: int) -> None:
-        if self._live_life is not None and life <= self._live_life:
-            return
-        self._live_life = life
-        with self._weights_lock:  # a dead life's weights not yet loaded are never loaded
-            if self._latest_weights is not None and self._latest_weights.life != life:
-                self._latest_weights = None
-        if self._held_dead():
-            self._stats["lives_followed"] += 1
-            log.warning("%s: the learner started again (life %d); the weights of its life %d (version %d) are not "
-                        "sampled any more", self.name, life, self.life, self.version)
-        self._wake()
+        return life == self.learner_life and self._replaces(life, version)
 
     def _wake(self) -> None:
-        self._weights_arrived.set()
-        self._weights_arrived = trio.Event()
+        self._changed.set()
+        self._changed = trio.Event()
 
-    async def _follow_weights(self, feed: LearnerFeed) -> None:
-        while True:
-            message = await feed.receive()
-            if message.policy_id != self.cfg.policy_id:
-                continue
-            if isinstance(message, VersionAnnounced):
-                self._life_announced(message.life)
-                continue
-            life = message.life
-            self._life_announced(life)  # (a newer life's manifest announces it: its announcement may have been missed)
-            if not self._wanted(life, message.version):
-                continue
-            data = await self._follower.fetch(message)  # from shared memory, or in chunks; checked
-            if data is None:
-                continue
-            with self._weights_lock:  # (a newer life may have been announced meanwhile)
-                if self._wanted(life, message.version):
-                    self._latest_weights = FetchedWeights(message.version, data, life)
-            self._wake()
-
-    def _take(self) -> FetchedWeights | None:
-        """The newest weights that arrived, if they replace those held (and are the live life's)."""
-        with self._weights_lock:
-            weights, self._latest_weights = self._latest_weights, None
-        if weights is None or weights.life != self._live_life or not self._replaces(weights.life, weights.version):
-            return None
-        return weights
-
-    def _take_weights(self, model) -> int | None:
-        """Load the newest weights that arrived, if any (in the thread that owns the model); their version."""
-        weights = self._take()
-        if weights is None:
-            return None
-        load_weights(model, weights.tensors)
-        self.version, self.life = weights.version, weights.life
-        self._stats["weights_applied"] += 1
-        return self.version
-
-    async def _catch_up(self, model, needed: int) -> None:
-        """Apply what arrived; then, while older than ``needed`` or holding a dead life's, wait for newer weights."""
-        await trio.to_thread.run_sync(self._take_weights, model)
-        while self.version < needed or self._held_dead():
-            if self._latest_weights is None:
-                self._stats["version_waits"] += 1
-                await self._arrival(needed)
-            await trio.to_thread.run_sync(self._take_weights, model)
-
-    async def _arrival(self, needed: int) -> None:
-        """Wait for weights to arrive (or a new life to be announced), saying so every ``WAIT_LOG_S``."""
-        arrived = self._weights_arrived
+    async def _next_change(self, needed: int) -> None:
+        """Until weights arrive or load, or a life is announced; a wait of ``WAIT_LOG_S`` says so and goes on."""
+        changed = self._changed
         with trio.move_on_after(WAIT_LOG_S) as waited:
-            await arrived.wait()
+            await changed.wait()
         if waited.cancelled_caught:
             log.warning("%s: still waiting for weights of version %d of life %s (holding %d of life %s)", self.name,
-                        needed, self._live_life, self.version, self.life)
+                        needed, self.learner_life, self.version, self.life)
 
-    async def _live_weights(self) -> None:
-        """Wait until weights of the live life have arrived (the held ones are a dead life's)."""
-        while self._held_dead() and self._latest_weights is None:
-            await self._arrival(self.version)
+    async def _load_newest(self, load: Load) -> bool:
+        """Load the newest weights that arrived, if they replace those held (and are the live life's)."""
+        weights, self._newest = self._newest, None
+        if weights is None or weights.life != self.learner_life or not self._replaces(weights.life, weights.version):
+            return False
+        await load(weights.version, weights.tensors)
+        self.version, self.life = weights.version, weights.life
+        self._stats["weights_applied"] += 1
+        self._wake()
+        return True
 
-    def _swap_mid_batch(self, model) -> int | None:
-        """hf, between two decoding steps: newer weights if they arrived; if those held are a dead life's, the
-        live life's first (waited for)."""
-        if self._held_dead():
-            trio.from_thread.run(self._live_weights)
-        version = self._take_weights(model) if self._latest_weights is not None else None
-        self._stats["weights_applied_mid_batch"] += version is not None
-        return version
-
-    async def _apply_weights(self, sampler) -> None:
-        """vllm: load each version into the running engine as soon as it arrives."""
-        while True:
-            arrived = self._weights_arrived
-            weights = self._take()
-            if weights is None:
-                await arrived.wait()
-                continue
-            await sampler.load(weights.version, weights.tensors)
-            self.version, self.life = sampler.version, weights.life
-            self._stats["weights_applied"] += 1
-            changed, self._version_changed = self._version_changed, trio.Event()
-            changed.set()
-
-    async def _wait_for_version(self, needed: int) -> None:
-        """vllm: wait until the engine holds ``needed`` or newer, of the live life."""
-        if self.version < needed or self._held_dead():
-            self._stats["version_waits"] += 1
-        while self.version < needed or self._held_dead():
-            changed = self._version_changed
-            with trio.move_on_after(WAIT_LOG_S) as waited:
-                await changed.wait()
-            if waited.cancelled_caught:
-                log.warning("%s: still waiting for weights of version %d of life %s (holding %d of life %s)",
-                            self.name, needed, self._live_life, self.version, self.life)
+    async def _swap(self, load: Load) -> int | None:
+        applied = self._stats["weights_applied"]
+        await self.wait_for(0, load)  # what arrived; if those held are a dead life's, the live life's, waited for
+        if self._stats["weights_applied"] == applied:
+            return None
+        self._stats["weights_applied_mid_batch"] += 1
+        return self.version

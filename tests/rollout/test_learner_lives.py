@@ -8,11 +8,11 @@ import trio
 import trio.testing
 
 from actors.env.admission import Admission
-from actors.rollout.actor import RolloutActor, RolloutConfig
+from actors.rollout.weights import HeldWeights
 from streams.channels import MemoryTransport, ZmqTransport
 from streams.endpoints import Inbox, Outbox
 from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, VersionAnnounced, WeightsManifest
-from streams.weights import CHUNK_BYTES, LearnerFeed, chunk_crcs, weights_to_bytes
+from streams.weights import CHUNK_BYTES, FetchedWeights, LearnerFeed, chunk_crcs, load_weights, weights_to_bytes
 from streams.wire import FrameError, Kind
 from tests.factories import admit_all
 
@@ -34,7 +34,7 @@ class Files:
 
     def __init__(self):
         self.files: dict[str, bytes] = {}
-        self.stats = {}
+        self.fetched: list[str] = []  # the paths fetched, in order
 
     def manifest(self, life: int, version: int) -> WeightsManifest:
         data = self.files[f"life{life}-v{version}"] = weights_of(life * 100 + version)
@@ -42,6 +42,7 @@ class Files:
                                f"life{life}-v{version}", "tcp://127.0.0.1:1", life)
 
     async def fetch(self, manifest: WeightsManifest) -> bytearray:
+        self.fetched.append(manifest.path)
         return bytearray(self.files[manifest.path])
 
 
@@ -58,9 +59,17 @@ async def announce(publisher, life: int, versions: list[int], files: Files, mani
         await trio.sleep(0.02)
 
 
-async def waiting_for_weights(actor) -> None:
-    """Until a task of ``actor`` waits for weights to arrive."""
-    while not actor._weights_arrived.statistics().tasks_waiting:
+def loading_into(model):
+    """The hf engine's stand-in: its ``load(version, tensors)``, into ``model``'s parameters in a worker thread."""
+    async def load(version: int, tensors) -> None:
+        await trio.to_thread.run_sync(load_weights, model, tensors)
+
+    return load
+
+
+async def waits_beyond(weights: HeldWeights, waits: int) -> None:
+    """Until ``weights`` has counted more than ``waits`` waits for weights (progress poll: a waiter in a thread)."""
+    while weights.statistics()["version_waits"] <= waits:
         await trio.sleep(0.01)
 
 
@@ -71,53 +80,55 @@ def held(model) -> float:
 def test_a_rollout_follows_a_restarted_learner_down_to_its_older_checkpoint_and_samples_no_dead_weights():
     """Life 0 reaches version 12 and dies; life 1 starts again at the same address from the checkpoint at 10.
     The rollout holds version 12 of life 0 until life 1 announces itself; from then on a batch under way
-    (``_swap_mid_batch``, between two decoding steps) and the next batch (``_catch_up``) wait for life 1's weights,
+    (``swap``, between two decoding steps) and the next batch (``wait_for``) wait for life 1's weights,
     and it takes version 10 (lower) of life 1. A late word of life 0 changes nothing."""
     files, model = Files(), torch.nn.Linear(2, 2, bias=False)
-    actor = RolloutActor(RolloutConfig(model_path="unused"), name="rollout-t")
+    weights, load = HeldWeights("main", "rollout-t"), loading_into(model)
     swapped = []
 
     async def swap_mid_batch():
-        swapped.append(await trio.to_thread.run_sync(actor._swap_mid_batch, model))
+        swapped.append(await trio.to_thread.run_sync(weights.swap, load))
 
     async def main():
-        actor._weights_arrived, actor._version_changed, actor._follower = trio.Event(), trio.Event(), files
         transport = ZmqTransport()
         async with (
             transport.open_subscriber([], [VERSION_TOPIC + b"main", WEIGHTS_TOPIC + b"main"]) as subscriber,
             trio.open_nursery() as nursery,
         ):
-            nursery.start_soon(actor._follow_weights, LearnerFeed(subscriber))
+            nursery.start_soon(weights.follow, LearnerFeed(subscriber), files)
             with trio.fail_after(30):
                 async with transport.open_publisher(capacity=16) as dead:
                     subscriber.connect(address := dead.address)
                     async with trio.open_nursery() as life0:
                         life0.start_soon(announce, dead, 0, [11, 12], files)
-                        await actor._catch_up(model, 12)
+                        while "life0-v12" not in files.fetched:  # progress: 12 arrived (loaded alone, not after 11)
+                            await trio.sleep(0.01)
+                        await weights.wait_for(12, load)
                         life0.cancel_scope.cancel()
-                assert (actor.version, actor.life, held(model)) == (12, 0, 12.0)  # the learner dies here
-                await actor._catch_up(model, 12)  # its weights are still the live ones: nothing to wait for
+                assert (weights.version, weights.life, held(model)) == (12, 0, 12.0)  # the learner dies here
+                await weights.wait_for(12, load)  # its weights are still the live ones: nothing to wait for
                 async with transport.open_publisher(capacity=16, address=address) as live:
                     async with trio.open_nursery() as life1:  # life 1 says its version first
                         life1.start_soon(announce, live, 1, [10], files, False)
-                        while actor._live_life != 1:
+                        while weights.learner_life != 1:
                             await trio.sleep(0.01)
                         life1.cancel_scope.cancel()
-                    assert actor._held_dead() and actor.statistics()["lives_followed"] == 1
+                    assert not weights.live and weights.statistics()["lives_followed"] == 1
+                    waits = weights.statistics()["version_waits"]
                     nursery.start_soon(swap_mid_batch)  # a batch under way: its next step waits for life 1
-                    await waiting_for_weights(actor)
+                    await waits_beyond(weights, waits)
                     assert swapped == [] and held(model) == 12.0
                     nursery.start_soon(announce, live, 1, [10], files)  # now the manifest of version 10
                     while not swapped:
                         await trio.sleep(0.01)
-                    assert swapped == [10] and (actor.version, actor.life, held(model)) == (10, 1, 110.0)
-                    actor._life_announced(0)  # a late word of the dead life
-                    await actor._catch_up(model, 10)
-                    assert (actor.version, actor.life, actor._live_life) == (10, 1, 1)
+                    assert swapped == [10] and (weights.version, weights.life, held(model)) == (10, 1, 110.0)
+                    weights.on_life_announced(0)  # a late word of the dead life
+                    await weights.wait_for(10, load)
+                    assert (weights.version, weights.life, weights.learner_life) == (10, 1, 1)
                     nursery.cancel_scope.cancel()
 
     trio.run(main)
-    stats = actor.statistics()
+    stats = weights.statistics()
     assert stats["weights_applied"] == 2 and stats["weights_applied_mid_batch"] == 1
     assert (stats["life"], stats["learner_life"]) == (1, 1)
 
@@ -128,90 +139,83 @@ def test_a_manifest_names_its_life_so_a_missed_announcement_loses_nothing():
     replace it). A newer life's manifest heard before its announcement announces that life: the restart to a
     lower version is followed, and a late manifest of the dead life is not taken."""
     files, model = Files(), torch.nn.Linear(2, 2, bias=False)
-    actor = RolloutActor(RolloutConfig(model_path="unused"), name="rollout-t")
+    weights, load = HeldWeights("main", "rollout-t"), loading_into(model)
 
     async def main():
-        actor._weights_arrived, actor._version_changed, actor._follower = trio.Event(), trio.Event(), files
         send, heard = trio.open_memory_channel(8)  # the learner's feed as a late subscriber hears it
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(actor._follow_weights, heard)
+            nursery.start_soon(weights.follow, heard, files)
             await send.send(files.manifest(0, 12))
-            await actor._catch_up(model, 12)
-            assert (actor.version, actor.life, actor._live_life, held(model)) == (12, 0, 0, 12.0)
+            await weights.wait_for(12, load)
+            assert (weights.version, weights.life, weights.learner_life, held(model)) == (12, 0, 0, 12.0)
             await send.send(files.manifest(1, 10))  # life 1, from the checkpoint at 10: no announcement heard
             await send.send(files.manifest(0, 13))  # a late word of life 0
             await trio.testing.wait_all_tasks_blocked()
-            await actor._catch_up(model, 0)
+            await weights.wait_for(0, load)
             nursery.cancel_scope.cancel()
 
     trio.run(main)
-    assert (actor.version, actor.life, actor._live_life, held(model)) == (10, 1, 1, 110.0)
-    assert actor.statistics()["weights_applied"] == 2 and actor.statistics()["lives_followed"] == 1
+    assert (weights.version, weights.life, weights.learner_life, held(model)) == (10, 1, 1, 110.0)
+    assert weights.statistics()["weights_applied"] == 2 and weights.statistics()["lives_followed"] == 1
 
 
 def test_the_next_batch_waits_for_the_new_lifes_weights():
-    """``_catch_up`` (a batch about to be sampled) with a dead life's weights held waits for the live life's, even
-    when the batch asks for no newer version, and never loads weights of a life that is not the live one."""
+    """``wait_for`` with the engine's ``load`` (a batch about to be sampled) with a dead life's weights held waits
+    for the live life's, even when the batch asks for no newer version, and never loads weights of a life that is
+    not the live one."""
     files, model = Files(), torch.nn.Linear(2, 2, bias=False)
-    actor = RolloutActor(RolloutConfig(model_path="unused"), name="rollout-t")
+    weights, load = HeldWeights("main", "rollout-t"), loading_into(model)
 
     async def main():
-        actor._weights_arrived, actor._version_changed = trio.Event(), trio.Event()
-        actor._life_announced(0)
-        actor._latest_weights = weights(files, 0, 12)
-        await actor._catch_up(model, 12)
-        assert (actor.version, actor.life) == (12, 0)
-        actor._life_announced(1)
+        weights.on_life_announced(0)
+        weights.offer(fetched(files, 0, 12))
+        await weights.wait_for(12, load)
+        assert (weights.version, weights.life) == (12, 0)
+        weights.on_life_announced(1)
         caught_up = []
         async with trio.open_nursery() as nursery:
             async def batch():
-                await actor._catch_up(model, 0)
-                caught_up.append(actor.version)
+                await weights.wait_for(0, load)
+                caught_up.append(weights.version)
 
             nursery.start_soon(batch)
-            await waiting_for_weights(actor)
-            assert caught_up == [] and actor.statistics()["version_waits"] == 1
-            actor._latest_weights = weights(files, 0, 13)  # the dead life's, taken by mistake: never loaded
-            actor._wake()
-            await waiting_for_weights(actor)
-            assert caught_up == [] and held(model) == 12.0 and actor.statistics()["version_waits"] == 2
-            actor._latest_weights = weights(files, 1, 10)
-            actor._wake()
-        assert caught_up == [10] and (actor.life, held(model)) == (1, 110.0)
+            await trio.testing.wait_all_tasks_blocked()
+            assert caught_up == [] and weights.statistics()["version_waits"] == 1
+            weights.offer(fetched(files, 0, 13))  # the dead life's, arriving late: never loaded
+            await trio.testing.wait_all_tasks_blocked()
+            assert caught_up == [] and held(model) == 12.0 and weights.statistics()["version_waits"] == 2
+            weights.offer(fetched(files, 1, 10))
+        assert caught_up == [10] and (weights.life, held(model)) == (1, 110.0)
 
     trio.run(main)
 
 
 def test_vllm_requests_wait_until_the_new_lifes_weights_are_loaded_into_the_engine():
     class Engine:  # vLLM's stand-in: what was loaded, in order
-        version, loads = 0, []
+        loads = []
 
         async def load(self, version, data):
             self.loads.append((version, float(torch.frombuffer(bytearray(data[-4:]), dtype=torch.float32)[0])))
-            self.version = version
 
     files, engine = Files(), Engine()
-    actor = RolloutActor(RolloutConfig(model_path="unused"), name="rollout-v")
+    weights = HeldWeights("main", "rollout-v")
     answered = []
 
     async def request(min_version: int):
-        await actor._wait_for_version(min_version)
-        answered.append((actor.version, actor.life))
+        await weights.wait_for(min_version)
+        answered.append((weights.version, weights.life))
 
     async def main():
-        actor._weights_arrived, actor._version_changed = trio.Event(), trio.Event()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(actor._apply_weights, engine)
-            actor._life_announced(0)
-            actor._latest_weights = weights(files, 0, 12)
-            actor._wake()
+            nursery.start_soon(weights.load_arrivals, engine.load)
+            weights.on_life_announced(0)
+            weights.offer(fetched(files, 0, 12))
             await request(12)
-            actor._life_announced(1)  # life 1, from the checkpoint at 10: a new request waits for its weights
+            weights.on_life_announced(1)  # life 1, from the checkpoint at 10: a new request waits for its weights
             nursery.start_soon(request, 0)
             await trio.testing.wait_all_tasks_blocked()
-            assert answered == [(12, 0)] and actor.statistics()["version_waits"] == 2  # (the first waited too)
-            actor._latest_weights = weights(files, 1, 10)
-            actor._wake()
+            assert answered == [(12, 0)] and weights.statistics()["version_waits"] == 2  # (the first waited too)
+            weights.offer(fetched(files, 1, 10))
             await trio.testing.wait_all_tasks_blocked()
             assert answered == [(12, 0), (10, 1)]
             nursery.cancel_scope.cancel()
@@ -220,9 +224,7 @@ def test_vllm_requests_wait_until_the_new_lifes_weights_are_loaded_into_the_engi
     assert engine.loads == [(12, 12.0), (10, 110.0)]
 
 
-def weights(files: Files, life: int, version: int):
-    from streams.weights import FetchedWeights
-
+def fetched(files: Files, life: int, version: int) -> FetchedWeights:
     files.manifest(life, version)
     return FetchedWeights(version, bytearray(files.files[f"life{life}-v{version}"]), life)
 

@@ -9,7 +9,8 @@ from actors.cli import load_config
 from actors.models.base_model import load_policy
 from actors.rollout.hf_engine import device_generator, sample
 from actors.models.snapshots import write_snapshot
-from actors.rollout.actor import RolloutActor, RolloutConfig
+from actors.rollout.actor import RolloutConfig, start_engine
+from actors.rollout.weights import HeldWeights
 from streams.weights import FetchedWeights, weights_to_bytes
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -18,6 +19,12 @@ PROMPTS = ["TicTacToe. You are X.\n1|2|3\n4|5|6\n7|8|9\nMove:", "Hi", "TicTacToe
 
 def encoded(tokenizer):
     return [tokenizer(t)["input_ids"] for t in PROMPTS]
+
+
+def started(cfg: RolloutConfig, name: str = "rollout"):
+    """The hf engine ``cfg`` makes, its model loaded, and the weights it holds."""
+    weights = HeldWeights(cfg.policy_id, name)
+    return start_engine(cfg, weights, name), weights
 
 
 def perturbed(model, seed: int = 0):
@@ -44,30 +51,28 @@ def test_device_and_dtype_settings_compose_from_the_config():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="auto picks the GPU where there is one")
 def test_the_default_places_the_policy_on_the_cpu_in_float32(tiny_model_dir):
-    actor = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir)))
-    model, _ = actor._load()
-    assert (actor.device, actor.dtype) == (torch.device("cpu"), torch.float32)
-    assert {(p.device.type, p.dtype) for p in model.parameters()} == {("cpu", torch.float32)}
+    engine, _ = started(RolloutConfig(model_path=str(tiny_model_dir)))
+    assert (engine.sampler.device, engine.sampler.dtype) == (torch.device("cpu"), torch.float32)
+    assert {(p.device.type, p.dtype) for p in engine.model.parameters()} == {("cpu", torch.float32)}
 
 
 def test_cuda_asked_for_without_a_gpu_is_refused_naming_the_setting(tiny_model_dir, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for device in ("cuda", "cuda:1"):
-        actor = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir), device=device), name="rollout-3")
         with pytest.raises(RuntimeError, match=rf"rollout-3: rollout\.args\.device={device} but no CUDA GPU"):
-            actor._load()
+            started(RolloutConfig(model_path=str(tiny_model_dir), device=device), name="rollout-3")
 
 
 def test_a_bfloat16_policy_samples_takes_learner_weights_and_snapshots_in_bfloat16(tiny_model_dir, tmp_path):
     """device=cpu dtype=bfloat16: the policy, the weights a learner publishes (float32) and a league snapshot all
     end up in bfloat16 on the device; samples are plain lists, their log-probs float32 numbers."""
-    actor = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir), device="cpu", dtype="bfloat16",
-                                       snapshot_dir=str(tmp_path)))
-    model, tokenizer = actor._load()
+    engine, weights = started(RolloutConfig(model_path=str(tiny_model_dir), device="cpu", dtype="bfloat16",
+                                            snapshot_dir=str(tmp_path)))
+    model, tokenizer, device = engine.model, engine.tokenizer, engine.sampler.device
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     prompts = encoded(tokenizer)
     samples = sample(model, prompts, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                     temperature=1.0, max_new_tokens=5, generator=device_generator(actor.device, 0))
+                     temperature=1.0, max_new_tokens=5, generator=device_generator(device, 0))
     assert len(samples) == len(prompts)
     for s in samples:
         assert 1 <= len(s.tokens) == len(s.logprobs) == len(s.versions) <= 5
@@ -75,28 +80,33 @@ def test_a_bfloat16_policy_samples_takes_learner_weights_and_snapshots_in_bfloat
         assert s.finished == (s.tokens[-1] == tokenizer.eos_token_id)
 
     learner, _ = load_policy(tiny_model_dir)  # float32, as a learner on the CPU publishes it
-    actor._latest_weights = FetchedWeights(1, bytearray(weights_to_bytes(perturbed(learner))))
-    assert actor._take_weights(model) == 1
+
+    async def take_weights():
+        weights.offer(FetchedWeights(1, bytearray(weights_to_bytes(perturbed(learner)))))
+        await weights.wait_for(1, engine.load)
+
+    trio.run(take_weights)
+    assert weights.version == 1
     for (name, param), expected in zip(model.named_parameters(), learner.parameters()):
-        assert param.dtype == torch.bfloat16 and param.device == actor.device, name
+        assert param.dtype == torch.bfloat16 and param.device == device, name
         assert torch.equal(param, expected.to(torch.bfloat16)), name
 
     write_snapshot(perturbed(load_policy(tiny_model_dir)[0], seed=1), tokenizer, tmp_path / "main-v3")
-    (snapshot, version), refusal = trio.run(actor._snapshot, "main-v3")
-    assert not refusal and version == 3
-    assert {(p.device, p.dtype) for p in snapshot.parameters()} == {(actor.device, torch.bfloat16)}
+    snapshot, version = trio.run(engine.snapshots.get, "main-v3")
+    assert version == 3
+    assert {(p.device, p.dtype) for p in snapshot.parameters()} == {(device, torch.bfloat16)}
 
 
 @cuda
 def test_the_policy_generates_on_the_gpu_with_either_generator(tiny_model_dir):
     """On a GPU, in bfloat16: tensors are made there; a CPU generator seeds one on the GPU (same seed, same draws);
     log-probs agree with a float32 recomputation on the CPU to bfloat16's precision."""
-    actor = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir), device="cuda"))
-    model, tokenizer = actor._load()
-    assert actor.dtype == torch.bfloat16 and next(model.parameters()).is_cuda
+    engine, _ = started(RolloutConfig(model_path=str(tiny_model_dir), device="cuda"))
+    model, tokenizer = engine.model, engine.tokenizer
+    assert engine.sampler.dtype == torch.bfloat16 and next(model.parameters()).is_cuda
     prompts = encoded(tokenizer)
     kwargs = dict(eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=1.0, max_new_tokens=6)
-    on_gpu = sample(model, prompts, generator=device_generator(actor.device, 0), **kwargs)
+    on_gpu = sample(model, prompts, generator=device_generator(engine.sampler.device, 0), **kwargs)
     from_cpu = [sample(model, prompts, generator=torch.Generator().manual_seed(7), **kwargs) for _ in range(2)]
     assert from_cpu[0] == from_cpu[1]  # reproducible from the CPU generator's seed
     reference = load_policy(tiny_model_dir)[0]
@@ -111,22 +121,21 @@ def test_the_policy_generates_on_the_gpu_with_either_generator(tiny_model_dir):
 def test_a_batch_is_sampled_in_passes_of_one_setting_and_prompt_lengths_within_2x(tiny_model_dir, monkeypatch):
     """A role game's long proposer prompts and short solver prompts pad each other in no pass; every request is
     answered once, by its own prompt's continuation."""
-    from actors.rollout import actor as rollout
+    from actors.rollout import hf_engine
     from streams.messages import GenerationRequest
 
-    actor = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir)))
-    model, tokenizer = actor._load()
+    engine, _ = started(RolloutConfig(model_path=str(tiny_model_dir)))
     passes = []
 
     def recording(model, prompts, **kwargs):
         passes.append(([len(p) for p in prompts], kwargs["temperature"]))
         return sample(model, prompts, **kwargs)
 
-    monkeypatch.setattr(rollout, "sample", recording)
+    monkeypatch.setattr(hf_engine, "sample", recording)
     lengths = [200, 8, 190, 9, 60, 100, 7, 210]
     batch = [GenerationRequest(i, "inproc://env", "main", [5 + (i + j) % 50 for j in range(n)],
                                1.0 if i % 3 else 0.7, 4, 0) for i, n in enumerate(lengths)]
-    answers = trio.run(actor._generate, model, tokenizer, batch, torch.Generator().manual_seed(0))
+    answers = trio.run(engine.generate, batch)
     assert sorted(request.request_id for _, request in answers) == list(range(len(batch)))
     assert all(completion.request_id == request.request_id and 1 <= len(completion.token_ids) <= 4
                for completion, request in answers)

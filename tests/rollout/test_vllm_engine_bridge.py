@@ -1,14 +1,22 @@
-"""The parts of the vLLM backend that need no engine: the asyncio bridge and the backend's config."""
+"""The parts of the vLLM backend that need no engine: the asyncio bridge, the backend's config, the engine's choice,
+and the rollout's `VllmEngine` around a stand-in sampler."""
 
 import asyncio
 
 import pytest
+import torch
 import trio
+import trio.testing
 
 from actors.cli import load_config
 from actors.runs.config import built_args
-from actors.rollout.actor import RolloutConfig
-from actors.rollout.vllm_engine import AsyncioThread, VllmOptions, engine_options
+from actors.rollout.actor import RolloutConfig, start_engine
+from actors.rollout.hf_engine import HfEngine, HfSampler, Sample, SnapshotCache
+from actors.rollout.serving import Served
+from actors.rollout.vllm_engine import (AsyncioThread, RequestRefused, VllmEngine, VllmOptions, engine_options)
+from actors.rollout.weights import HeldWeights
+from streams.messages import GenerationRequest
+from streams.weights import FetchedWeights
 
 
 @pytest.fixture
@@ -101,3 +109,84 @@ def test_vllm_engine_options_on_gpus_leave_the_kv_cache_to_the_memory_share():
     several = engine_options(VllmOptions(tensor_parallel_size=4, kv_cache_gib=8, dtype="float16"), on_cpu=False)
     assert several["distributed_executor_backend"] == "mp" and several["tensor_parallel_size"] == 4
     assert several["kv_cache_memory_bytes"] == 8 * 2**30 and several["dtype"] == "float16"
+
+
+class FakeVllm:
+    """`VllmSampler`'s stand-in: one token a request, tagged with the version it holds; refuses a temperature over
+    2 as vLLM would; records what it loaded."""
+
+    name = "rollout-f"
+
+    def __init__(self):
+        self.version, self.loads, self.stats, self.closed = 0, [], {"weight_loads": 0}, False
+
+    async def load(self, version: int, data) -> None:
+        self.loads.append(version)
+        self.version = version
+        self.stats["weight_loads"] += 1
+
+    async def sample(self, prompt, *, temperature: float, max_tokens: int) -> Sample:
+        if temperature > 2:
+            raise RequestRefused(f"temperature {temperature} is over 2")
+        return Sample([len(prompt)], [-0.5], [self.version], False)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_vllm_engine_loads_arrivals_and_answers_each_request_once_its_weights_are_in():
+    """A live request waits until the engine holds its ``min_version`` (loaded as it arrives), one the engine
+    refuses is answered with the reason, and one for a snapshot goes past the engine to the hf side (here refused:
+    the actor has no snapshot_dir)."""
+    weights, vllm = HeldWeights("main", "rollout-f"), FakeVllm()
+    hf = HfSampler(None, torch.device("cpu"), torch.float32, 0, Served())
+    engine = VllmEngine(vllm, SnapshotCache(hf, "main", None, 2, "rollout-f"), weights, max_batch=4)
+    answers = {}
+
+    async def main():
+        requests_in, requests = trio.open_memory_channel(8)
+        completions, completions_out = trio.open_memory_channel(8)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(engine.serve, requests, completions)
+            await requests_in.send(GenerationRequest(1, "inproc://env", "main", [5, 6, 7], 1.0, 4, 1))
+            await trio.testing.wait_all_tasks_blocked()
+            assert completions_out.statistics().current_buffer_used == 0 and vllm.loads == []
+            weights.offer(FetchedWeights(1, bytearray(b"weights of 1")))
+            for request in (GenerationRequest(2, "inproc://env", "main", [5], 5.0, 4, 0),
+                            GenerationRequest(3, "inproc://env", "main-v3", [5], 1.0, 4, 0)):
+                await requests_in.send(request)
+            for _ in range(3):
+                completion, request = await completions_out.receive()
+                answers[request.request_id] = completion
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert vllm.loads == [1] and (answers[1].token_ids, answers[1].versions, answers[1].error) == ([3], [1], "")
+    assert "temperature 5.0 is over 2" in answers[2].error and not answers[2].token_ids
+    assert "not 'main-v3'" in answers[3].error
+    stats = engine.statistics()
+    assert (stats["requests"], stats["tokens"], stats["refused_requests"], stats["unknown_policy"]) == (1, 1, 1, 1)
+    assert stats["vllm"] == {"weight_loads": 1} and weights.statistics()["version_waits"] == 1
+
+
+def test_the_backend_chooses_the_engine_once_with_the_rollouts_settings(tiny_model_dir, monkeypatch):
+    """``start_engine``: hf makes an `HfEngine`; vllm a `VllmEngine` whose sampler gets the rollout's dtype (its own
+    vllm.dtype being null), batch size, seed and name, and whose snapshots go to an hf sampler on the device."""
+    from actors.rollout import actor
+
+    made = {}
+
+    class Recording(FakeVllm):
+        def __init__(self, model_path, eos_id, **kwargs):
+            super().__init__()
+            made.update(kwargs, model_path=model_path)
+
+    monkeypatch.setattr(actor, "VllmSampler", Recording)
+    cfg = dict(model_path=str(tiny_model_dir), max_batch=7, seed=3, dtype="bfloat16", device="cpu")
+    weights = HeldWeights("main", "rollout-2")
+    assert isinstance(start_engine(RolloutConfig(**cfg), weights, "rollout-2"), HfEngine)
+    engine = start_engine(RolloutConfig(**cfg, backend="vllm"), weights, "rollout-2")
+    assert isinstance(engine, VllmEngine) and isinstance(engine.sampler, Recording)
+    assert made["options"].dtype == "bfloat16" and (made["max_seqs"], made["seed"], made["name"]) == (7, 3, "rollout-2")
+    assert made["model_path"] == str(tiny_model_dir) and len(engine.tokenizer) > 0
+    assert (engine.snapshots.sampler.device, engine.snapshots.sampler.dtype) == (torch.device("cpu"), torch.bfloat16)

@@ -189,7 +189,7 @@ def test_requests_in_flight_resume_from_their_prefix_with_new_weights(rig, token
 def test_weights_loaded_in_memory_and_from_a_file_are_the_same_weights(rig, tokenizer, tiny_model_dir):
     """The actor's loads go to the engine's worker in memory (one worker); the file path (several workers) loads
     the same bytes to the same parameters, and the engine then samples with the log-probs the learner computes."""
-    sampler = rig.rollout._sampler
+    sampler = rig.rollout.engine.sampler
     assert sampler.in_memory
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     with torch.no_grad():
