@@ -11,7 +11,7 @@ On the tiny model's shape (``configs/model/tiny.yaml``, random weights) and one 
 the learner's update (``policy_gradient_step``: the recipe's two minibatches, the proximal pass, decoupled PPO)
 with the rule and without it (``MAX_SPREAD`` infinite: one pass a minibatch, as before), taking turns for
 ``--rounds`` rounds. Then the rollout's side (``hf`` sampling, 16 new tokens): half as many prompts of those
-lengths in one left-padded pass, and in passes of lengths within 2x, as ``RolloutActor._generate`` now cuts them.
+lengths in one left-padded pass, and in passes of lengths within 2x, as ``actors.rollout.hf_engine.passes`` now cuts them.
 Last line: ``length_split_speedup=<x> one_pass_s=<s> split_s=<s> update_diff=<x> generation_split_speedup=<x>``:
 the median time of an update without the rule over with it, the largest weight difference after one update of
 each from the same weights (rounding only: the cut does not change the update), and the median ratio of the

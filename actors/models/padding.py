@@ -3,7 +3,7 @@
 Rows (longest first) are cut into groups of at most a token budget (rows x the longest of them) and a new group
 starts wherever a row is at most ``1 / MAX_SPREAD`` of its group's longest, so padding never more than doubles a
 group's tokens. The learner cuts its micro-batches with it (``actors/learner/microbatches.py``) and the rollout
-its sampling passes (``actors/rollout/actor.py``).
+its sampling passes (``passes`` in ``actors/rollout/hf_engine.py``).
 """
 
 from __future__ import annotations

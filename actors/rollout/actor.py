@@ -45,7 +45,7 @@ from actors.models.devices import check_device, check_dtype, resolve_device, res
 from actors.rollout.face import RolloutStatistics
 from actors.rollout.hf_engine import HfEngine, HfSampler, SnapshotCache
 from actors.rollout.serving import Engine, Served, waiting
-from actors.rollout.vllm_engine import VllmEngine, VllmOptions, VllmSampler
+from actors.rollout.vllm_engine import MAX_TEMPERATURE, VllmEngine, VllmOptions, VllmSampler
 from actors.rollout.weights import HeldWeights
 from streams.endpoints import Inbox
 from streams.messages import (VERSION_TOPIC, WEIGHTS_TOPIC, Completion, decode_requests, encode_completions,
@@ -169,6 +169,15 @@ class RolloutActor:
                 "weights": self._follower.stats if self._follower else {},
                 "vllm": engine.get("vllm", {}),
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}
+
+
+def engine_problems(backend: str, temperature: float) -> list[str]:
+    """What the engine ``backend`` names cannot do with these settings, said with the config's keys before any
+    actor starts (the engine is chosen here and in `start_engine` only)."""
+    if backend == "vllm" and not 0 < temperature <= MAX_TEMPERATURE:
+        return [f"sampling.temperature={temperature}: rollout.backend=vllm samples at temperatures in "
+                f"(0, {MAX_TEMPERATURE:g}]"]
+    return []
 
 
 def start_engine(cfg: RolloutConfig, weights: HeldWeights, name: str) -> Engine:

@@ -48,6 +48,7 @@ from streams.private_files import private_dir, remove_private_dir, sweep_stale, 
 
 log = logging.getLogger(__name__)
 
+MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses higher temperatures
 PIECE_BYTES = 256 * 2**20  # weights sent in memory go in pieces of this size (msgpack carries < 4 GiB a value)
 
 

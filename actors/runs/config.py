@@ -28,7 +28,7 @@ from actors.league.actor import LeagueConfig
 from actors.learner.actor import LearnerConfig
 from actors.replay.actor import ReplayConfig
 from actors.reward.actor import RewardConfig
-from actors.rollout.actor import RolloutConfig
+from actors.rollout.actor import RolloutConfig, engine_problems
 from actors.observe.wandb_log import MODES as WANDB_MODES
 
 # Fields of the actors' configs that the topology builder fills in: not settable under ``<group>.args``.
@@ -45,7 +45,6 @@ BUILT = {
 }
 # Keys that moved: an override of the old path fails with a message naming the new one.
 MOVED = {f"{group}.args.policy_id": "run.policy_id" for group in ("env", "rollout", "learner")}
-VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses higher temperatures
 
 
 def _schema_type(hint):
@@ -280,10 +279,7 @@ def check(cfg: RunConfig) -> None:
     """Refuse, before anything starts, a config whose parts contradict each other (or would fail only once
     actors run), naming the keys."""
     problems = []
-    temperature = cfg.sampling.temperature
-    if cfg.rollout.backend == "vllm" and not 0 < temperature <= VLLM_MAX_TEMPERATURE:
-        problems.append(f"sampling.temperature={temperature}: rollout.backend=vllm samples at temperatures in "
-                        f"(0, {VLLM_MAX_TEMPERATURE:g}]")
+    problems += engine_problems(cfg.rollout.backend, cfg.sampling.temperature)
     problems += model_problems(cfg)
     if cfg.run.mode not in ("ray", "local"):
         problems.append(f"run.mode must be 'ray' or 'local', not {cfg.run.mode!r}")
