@@ -140,7 +140,7 @@ def measure_learner(model, args, token_range: int, device: torch.device, compute
 
 
 def measure_generation(model, args, token_range: int, eos_id: int, pad_id: int, device: torch.device) -> dict:
-    from actors.rollout.hf_engine import sample
+    from actors.rollout.sampling import sample
 
     generator = torch.Generator().manual_seed(1)
     prompts = torch.randint(2, token_range, (args.gen_batch, PROMPT_TOKENS), generator=generator).tolist()

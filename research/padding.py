@@ -87,7 +87,7 @@ def update(model, batch, spread: float, advantage: str = "grpo") -> tuple[float,
 def generation_times(model, prompts: list[list[int]], max_new_tokens: int) -> tuple[float, float]:
     """Seconds to sample every prompt in one padded pass, and in passes of lengths within 2x (as the rollout
     actor's ``_generate`` groups them)."""
-    from actors.rollout.hf_engine import sample
+    from actors.rollout.sampling import sample
     from actors.models.padding import cut
 
     lengths = [len(p) for p in prompts]

@@ -40,7 +40,8 @@ import torch
 import trio
 
 from actors.models.devices import check_dtype, resolve_dtype
-from actors.rollout.hf_engine import Sample, SnapshotCache
+from actors.rollout.hf_engine import SnapshotCache
+from actors.rollout.sampling import Sample
 from actors.rollout.serving import waiting
 from actors.rollout.weights import HeldWeights
 from streams.messages import Completion, GenerationRequest

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from actors.rollout.hf_engine import sample
+from actors.rollout.sampling import sample
 from actors.learner.batch import collate
 from actors.learner.update import Objective, ObjectiveState, action_logprobs, policy_gradient_step
 from streams.weights import load_weights, weights_to_bytes

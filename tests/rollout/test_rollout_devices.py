@@ -7,7 +7,7 @@ import trio
 
 from actors.cli import load_config
 from actors.models.base_model import load_policy
-from actors.rollout.hf_engine import device_generator, sample
+from actors.rollout.sampling import device_generator, sample
 from actors.models.snapshots import write_snapshot
 from actors.rollout.actor import RolloutConfig, start_engine
 from actors.rollout.weights import HeldWeights

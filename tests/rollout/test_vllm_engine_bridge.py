@@ -11,7 +11,8 @@ import trio.testing
 from actors.cli import load_config
 from actors.runs.config import built_args
 from actors.rollout.actor import RolloutConfig, start_engine
-from actors.rollout.hf_engine import HfEngine, HfSampler, Sample, SnapshotCache
+from actors.rollout.hf_engine import HfEngine, HfSampler, SnapshotCache
+from actors.rollout.sampling import Sample
 from actors.rollout.serving import Served
 from actors.rollout.vllm_engine import (AsyncioThread, RequestRefused, VllmEngine, VllmOptions, engine_options)
 from actors.rollout.weights import HeldWeights
