@@ -61,7 +61,7 @@ def refuse_moved(overrides: list[str]) -> None:
 
 
 def resumed_config(run_dir: str, overrides: list[str]) -> RunConfig:
-    from actors.models.checkpoints import find_checkpoint
+    from actors.models.checkpoint_dir import find_checkpoint
 
     path = Path(run_dir).expanduser()
     if not (path / "config.json").exists():

@@ -329,7 +329,7 @@ def dataset_accounts(run) -> dict:
     import duckdb
     import torch
 
-    from actors.models.checkpoints import TRAINER_STATE, find_checkpoint
+    from actors.models.checkpoint_dir import TRAINER_STATE, find_checkpoint
 
     files = f"{run}/episodes/*/*/*.parquet"
     per_life = dict(duckdb.sql(f"select life, count(distinct episode_id) from read_parquet('{files}') group by life")

@@ -49,7 +49,8 @@ from pathlib import Path
 import torch
 import trio
 
-from actors.models.checkpoints import TRAINER_STATE, find_checkpoint, fresh_beside, load_trainer_state, swap_in
+from actors.models.checkpoints import load_trainer_state
+from actors.models.checkpoint_dir import TRAINER_STATE, find_checkpoint, fresh_beside, swap_in
 from actors.learner.dataset import EpisodeDataset
 from actors.learner.face import LearnerStatistics
 from actors.models.devices import check_device, check_dtype

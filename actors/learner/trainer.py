@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from actors.models.base_model import load_policy
-from actors.models.checkpoints import (FORMAT, OPTIMIZER_DIR, TRAINER_STATE, load_optimizer, load_trainer_state,
-                                      plain_state_values, state_values_from_plain)
+from actors.models.checkpoints import FORMAT, load_optimizer, load_trainer_state, plain_state_values, state_values_from_plain
+from actors.models.checkpoint_dir import OPTIMIZER_DIR, TRAINER_STATE
 from actors.models.devices import resolve_device, resolve_dtype
 from actors.models.snapshots import write_snapshot
 from actors.learner.batch import collate

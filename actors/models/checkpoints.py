@@ -21,45 +21,16 @@ from __future__ import annotations
 import argparse
 import io
 import pickle
-import shutil
 import sys
 from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
+from actors.models.checkpoint_dir import TRAINER_STATE, find_checkpoint
 from algos.advantages import StateValues
 
 FORMAT = 2  # trainer_state.pt: plain data only (1: before, with pickled objects)
-TRAINER_STATE = "trainer_state.pt"  # the learner's own state: version, data cursor, rng, totals, objective state
-OPTIMIZER_DIR = "optimizer"  # the optimizer's state (torch.distributed.checkpoint)
-
-
-def fresh_beside(final: Path) -> Path:
-    """Where a new checkpoint is written before `swap_in` makes it ``final``."""
-    return final.with_name(final.name + ".new")
-
-
-def swap_in(final: Path) -> None:
-    """Make the checkpoint written to ``fresh_beside(final)`` the one in ``final``: the last one is renamed
-    ``.old`` first, so that at every moment one complete checkpoint is found by `find_checkpoint`."""
-    fresh, old = fresh_beside(final), final.with_name(final.name + ".old")
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        final.rename(old)
-    fresh.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-def find_checkpoint(save_dir: str | Path | None) -> Path | None:
-    """The complete checkpoint in ``save_dir`` (or the one a swap cut short left beside it), else None."""
-    if not save_dir:
-        return None
-    final = Path(save_dir)
-    for candidate in (final, final.with_name(final.name + ".old")):
-        if (candidate / TRAINER_STATE).exists():
-            return candidate
-    return None
-
-
 def checkpoint_cursor(save_dir: str | Path, life: str) -> int:
     """The number of the last batch the checkpoint in ``save_dir`` had consumed in ``life`` (0: none)."""
     checkpoint = find_checkpoint(save_dir)
@@ -105,7 +76,7 @@ def load_trainer_state(path: Path) -> dict:
 
 def upgrade(checkpoint: Path) -> bool:
     """Rewrite an older ``trainer_state.pt`` as plain data (unpickling it once: only for a trusted file)."""
-    path = Path(checkpoint) / "trainer_state.pt"
+    path = Path(checkpoint) / TRAINER_STATE
     state = torch.load(path, weights_only=False)
     if state.get("format") == FORMAT:
         return False

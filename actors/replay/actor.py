@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import trio
 
+from actors.models.checkpoint_dir import find_checkpoint
 from actors.replay.buffer import OldestFirst
 from actors.replay.face import ReplayStatistics
 from actors.replay.spill import Spill, episode_source, previous_life
@@ -326,7 +327,7 @@ class ReplayActor:
 
 def checkpointed_cursor(checkpoint_dir: str, life: str) -> int:
     """The learner's checkpointed data cursor in ``life`` (0: none); torch is loaded only once there is one."""
-    if not any(os.path.exists(path) for path in (checkpoint_dir, checkpoint_dir + ".old")):
+    if find_checkpoint(checkpoint_dir) is None:
         return 0
     from actors.models.checkpoints import checkpoint_cursor
 

@@ -121,7 +121,7 @@ class GroupRecovery:
         batches after the checkpoint's data cursor, so it trains on each once. A learner group (any of its ranks
         died) starts again as a whole: the others wait in collectives that the dead one will never join. It is a
         new life: its followers take its versions, even below its predecessor's."""
-        from actors.models.checkpoints import find_checkpoint
+        from actors.models.checkpoint_dir import find_checkpoint
 
         resume = find_checkpoint(self.policy_dir) is not None
         self.learner_life += 1

@@ -11,7 +11,7 @@ import torch
 from actors.models.checkpoints import UnsafeCheckpoint, load_trainer_state, main as upgrade_main
 from actors.learner.actor import LearnerConfig
 from actors.learner.trainer import Trainer
-from actors.models.checkpoints import OPTIMIZER_DIR, TRAINER_STATE
+from actors.models.checkpoint_dir import OPTIMIZER_DIR, TRAINER_STATE
 from tests.factories import random_table as table
 
 

@@ -8,7 +8,7 @@ import torch
 import trio
 import trio.testing
 
-from actors.models.checkpoints import TRAINER_STATE
+from actors.models.checkpoint_dir import TRAINER_STATE
 from actors.replay.actor import ReplayActor, ReplayConfig
 from actors.replay.spill import BATCH_LOG, STATE, IdSet, Spill, account_episodes
 from streams.channels import MemoryTransport

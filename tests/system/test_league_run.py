@@ -13,7 +13,7 @@ import time
 import pytest
 
 from actors.league.actor import JOURNAL_FILE
-from actors.models.checkpoints import find_checkpoint
+from actors.models.checkpoint_dir import find_checkpoint
 
 
 def league_state(run):
@@ -128,7 +128,7 @@ def dice_league_on_ray(tiny_model_dir, tmp_path, players: int, max_matches: int,
 def check_dice_league(summary: dict, tmp_path, players: int, max_matches: int) -> None:
     import torch
 
-    from actors.models.checkpoints import TRAINER_STATE
+    from actors.models.checkpoint_dir import TRAINER_STATE
 
     table, run = summary["table"], tmp_path / f"dice{players}"
     assert table["matches"] >= max_matches and table["errored_matches"] == 0

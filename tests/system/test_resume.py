@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from actors.cli import load_config
-from actors.models.checkpoints import TRAINER_STATE, find_checkpoint
+from actors.models.checkpoint_dir import TRAINER_STATE, find_checkpoint
 from actors.replay.spill import Spill, episode_life
 from tests.factories import dataset_accounts
 

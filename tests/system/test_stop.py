@@ -7,7 +7,7 @@ import os
 import torch
 
 from actors.cli import main
-from actors.models.checkpoints import TRAINER_STATE
+from actors.models.checkpoint_dir import TRAINER_STATE
 from actors.runs.control import CONTROL_FILE
 from streams.private_files import SHM_DIR, _owner_prefix
 from tests.factories import wait_for
