@@ -42,6 +42,7 @@ from actors.env.episode import EpisodeCounts, EpisodeSettings, move_token_budget
 from actors.env.evaluation import EvaluationTally
 from actors.env.face import EnvStatistics
 from actors.env.policy_client import PolicyClient, TokenCodec, by_member, open_policy_client
+from actors.models.chat import PromptRenderer, prompt_format
 from actors.league.matchmaking import WEIGHTINGS, Payoff
 from actors.env.matches import Match, MatchSource, SelfPlayMatches, open_league_matches, seated, uniform_seats
 from envs.registry import OPPONENTS, make
@@ -89,6 +90,8 @@ class EnvConfig:
     ledger_dir: str | None = None  # append each delivered training episode's id here (accounting)
     life: str = ""  # this start of the run (a resumed run is a new life): episode ids carry it
     tasks_dir: str | None = None  # a role game's task buffer is kept here with the run (``<name>.arrows``)
+    prompt: dict = field(default_factory=dict)  # the run's prompt section: template, history, system (chat.py)
+    max_context_tokens: int | None = None  # a turn's prompt and token budget must fit, else its episode ends
 
     def __post_init__(self):
         if self.policy_id in OPPONENTS:
@@ -97,6 +100,7 @@ class EnvConfig:
             raise ValueError(f"opponent_seat {self.opponent_seat!r}: choose uniform or a PFSP weighting "
                              f"({', '.join(WEIGHTINGS)})")
         Payoff(self.opponent_seat_decay)  # checks the decay
+        self.prompt_format = prompt_format(**self.prompt)  # checks the template
 
 
 _FROZEN = []  # set once this process has frozen what it loaded
@@ -145,7 +149,9 @@ class EnvActor:
         _freeze_what_is_loaded()
         self.codec = TokenCodec(tokenizer)
         budget = move_token_budget(self._idle_games[0], self.codec, cfg.max_new_tokens)
-        self._settings = EpisodeSettings(cfg.env_name, budget, cfg.max_prompt_tokens)
+        self._settings = EpisodeSettings(cfg.env_name, budget, cfg.max_prompt_tokens, prompt=cfg.prompt_format,
+                                         max_context_tokens=cfg.max_context_tokens)
+        PromptRenderer(cfg.prompt_format, self.codec, tokenizer)  # a chat template the tokenizer lacks: said now
         rollouts, rewards = (by_member(peers[key], cfg.policy_id) for key in ("rollout", "reward"))
         topics = [VERSION_TOPIC + member.encode() for member in self._admission.members]
         async with (

@@ -11,6 +11,11 @@ An episode whose first turns fell behind the staleness bound plays on: its later
 newest weights, and the learner drops only the turns too old to train. Only the seats of the episode's
 ``learner`` get rows (what is trained on); the other seats only play.
 
+A turn's prompt is rendered as ``settings.prompt`` says (``actors.models.chat``: the model's chat template or raw
+text, the game's history as the last observation, a transcript or chat turns), tokenized once, here: its ids
+travel to the rollout actor and to the learner as they are. A turn whose prompt and token budget would not fit
+``max_context_tokens`` is not asked: the episode ends there as truncated (counted), never an error.
+
 The policy is any ``async (prompt_ids, max_tokens, policy) -> Completion``: ``actors.env.policy_client.PolicyClient``
 in an env actor, a scripted function in a test.
 """
@@ -26,6 +31,7 @@ from typing import Awaitable, Callable
 import trio
 
 from actors.env.policy_client import GenerationRefused
+from actors.models.chat import PromptFormat, PromptRenderer
 from envs.base import StepResult
 from envs.registry import OPPONENTS, make_opponent
 from streams.messages import Completion
@@ -53,7 +59,9 @@ class EpisodeSettings:
 
     env_name: str  # the rows' env_name
     max_new_tokens: int  # a turn's token budget when the game names none (see ``move_token_budget``)
-    max_prompt_tokens: int | None = None  # keep only the last this many prompt tokens (the model's context)
+    max_prompt_tokens: int | None = None  # keep only the last this many prompt tokens (raw prompts)
+    prompt: PromptFormat = PromptFormat()  # how a turn's prompt is rendered (``actors.models.chat``)
+    max_context_tokens: int | None = None  # a turn's prompt and token budget must fit: else the episode ends
 
 
 class EpisodeCounts:
@@ -62,7 +70,7 @@ class EpisodeCounts:
     all the host's episodes) yield once, and a host of rules-only games still lets its other tasks run."""
 
     NAMES = ("episodes", "steps", "turns", "invalid_actions", "forfeits", "errored", "truncated_actions",
-             "truncated_prompts", "refused_generations")
+             "truncated_prompts", "refused_generations", "context_full_episodes")
 
     def __init__(self, num_players: int):
         self.counts = dict.fromkeys(self.NAMES, 0)
@@ -141,18 +149,24 @@ async def _turns(game, seats: list[str], turns: _Turns, fixed: list, episode: di
     roles = getattr(game, "roles", None)  # seat -> role, where the game names roles
     simultaneous = getattr(game, "simultaneous_players", None)
     asked: dict[int, _Asked] = {}  # seats whose move was asked together with the current one's
+    history: dict[int, list[tuple[str, str]]] = {}  # seat -> its (observation, completion text) turns so far
     for turn in itertools.count():
         seat = game.current_player
         player = fixed[seat]
         if player is None:
             row = {**episode, Columns.TURN: turn, Columns.AGENT: seat, Columns.ROLE: roles[seat] if roles else ""}
-            if seat in asked:
-                move = await asked.pop(seat).wait()
-            else:
-                for other in simultaneous() if simultaneous else ():  # moves that see nothing of each other
-                    if other != seat and fixed[other] is None and other not in asked:
-                        asked[other] = _Asked(nursery, turns, game, other, seats[other])
-                move = await turns.ask(game, seat, seats[seat])
+            try:
+                if seat in asked:
+                    move = await asked.pop(seat).wait()
+                else:
+                    for other in simultaneous() if simultaneous else ():  # moves that see nothing of each other
+                        if other != seat and fixed[other] is None and other not in asked:
+                            asked[other] = _Asked(nursery, turns, game, other, seats[other], history, roles)
+                    move = await turns.ask(game, seat, seats[seat], history, roles)
+            except ContextFull:  # the turn would not fit the model's context: the episode ends here, truncated
+                turns.counts.counts["context_full_episodes"] += 1
+                return StepResult([0.0] * game.num_players, terminated=False, truncated=True,
+                                  info={"context_full": True})
             result = await turns.play(game, {**row, **move}, credit, seats[seat] == learner)
         else:
             result = await _step(game, player.act(game), credit)
@@ -167,6 +181,7 @@ class _Turns:
 
     def __init__(self, policy: Policy, codec, settings: EpisodeSettings, counts: EpisodeCounts):
         self.policy, self.codec, self.settings, self.counts = policy, codec, settings, counts
+        self.prompts = PromptRenderer(settings.prompt, codec, getattr(codec, "tokenizer", None))
 
     def episode_columns(self, game, episode_id: str, seats: list[str], seed: int, learner: str | None) -> dict:
         """What every row of an episode shares."""
@@ -176,9 +191,15 @@ class _Turns:
             Columns.MATCHUP: matchup(seats, getattr(game, "task_type", "")),
         }
 
-    async def ask(self, game, seat: int, policy: str) -> dict:
-        """``policy``'s move in ``seat``, asked (the turn's columns of a row)."""
-        return await self.policy_turn(game.observation(seat), {}, getattr(game, "max_tokens", None), policy)
+    async def ask(self, game, seat: int, policy: str, history: dict[int, list[tuple[str, str]]],
+                  roles: list[str] | None = None) -> dict:
+        """``policy``'s move in ``seat``, asked (the turn's columns of a row); the seat's ``history`` grows by it.
+        ContextFull: the turn would not fit the model's context."""
+        observation, earlier = game.observation(seat), history.setdefault(seat, [])
+        prompt_ids = self.prompts.ids(observation, earlier, roles[seat] if roles else "")
+        move = await self.policy_turn(prompt_ids, {}, getattr(game, "max_tokens", None), policy)
+        earlier.append((observation, move[Columns.ACTION_TEXT]))
+        return move
 
     async def play(self, game, row: dict, credit: RewardCredit, trained: bool) -> StepResult:
         """A move asked (``row``), played; its row is added to ``credit`` when ``trained`` (the learner's seats),
@@ -196,14 +217,19 @@ class _Turns:
         self.counts.counts["forfeits"] += "forfeit" in result.info
         return result
 
-    async def policy_turn(self, prompt: str, row: dict, max_tokens: int | None, policy: str) -> dict:
-        """Ask the policy for a move; ``row`` holds the episode's and the turn's columns so far."""
-        prompt_ids = self.codec.encode(prompt)
+    async def policy_turn(self, prompt_ids: list[int], row: dict, max_tokens: int | None, policy: str) -> dict:
+        """Ask the policy for a move (``prompt_ids``: the rendered prompt); ``row`` holds the episode's and the
+        turn's columns so far. ContextFull: the prompt and the turn's budget do not fit the model's context."""
         limit = self.settings.max_prompt_tokens
         if limit and len(prompt_ids) > limit:
             prompt_ids = prompt_ids[-limit:]
             self.counts.counts["truncated_prompts"] += 1
-        completion = await self.policy(prompt_ids, max_tokens or self.settings.max_new_tokens, policy)
+        budget = max_tokens or self.settings.max_new_tokens
+        context = self.settings.max_context_tokens
+        if context and len(prompt_ids) + budget > context:
+            raise ContextFull(f"a prompt of {len(prompt_ids)} tokens and {budget} new ones exceed "
+                              f"max_context_tokens={context}")
+        completion = await self.policy(prompt_ids, budget, policy)
         self.counts.counts["turns"] += 1
         self.counts.counts["truncated_actions"] += not completion.finished
         return {
@@ -239,17 +265,22 @@ async def _step(game, action: str, credit: RewardCredit) -> StepResult:
     return result
 
 
+class ContextFull(Exception):
+    """A turn whose prompt and token budget would not fit the model's context: its episode ends, truncated."""
+
+
 class _Asked:
     """A seat's move asked ahead, beside the current seat's (the game's ``simultaneous_players``: seats whose
     observations do not depend on each other's moves now, such as k solvers of one task): waited for on its turn."""
 
-    def __init__(self, nursery: trio.Nursery, turns: _Turns, game, seat: int, policy: str):
+    def __init__(self, nursery: trio.Nursery, turns: _Turns, game, seat: int, policy: str, history: dict,
+                 roles: list[str] | None):
         self._done, self._move, self._error = trio.Event(), None, None
-        nursery.start_soon(self._ask, turns, game, seat, policy)
+        nursery.start_soon(self._ask, turns, game, seat, policy, history, roles)
 
-    async def _ask(self, turns: _Turns, game, seat: int, policy: str) -> None:
+    async def _ask(self, turns: _Turns, game, seat: int, policy: str, history: dict, roles) -> None:
         try:
-            self._move = await turns.ask(game, seat, policy)
+            self._move = await turns.ask(game, seat, policy, history, roles)
         except Exception as error:  # raised on its turn, where the episode handles it like any move's
             self._error = error
         finally:

@@ -176,18 +176,25 @@ class TokenCodec:
     """
 
     def __init__(self, tokenizer, cache_size: int = 8192):
+        self.tokenizer = tokenizer  # a chat prompt is rendered with its template (``actors.models.chat``)
         core = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
         if core is not None:
-            self._encode_new = lambda text: _packed(core.encode(text).ids)
+            self._encode_new = lambda text, specials: _packed(core.encode(text, add_special_tokens=specials).ids)
             self.decode = lambda ids: core.decode(ids, skip_special_tokens=True)
         else:
-            self._encode_new = lambda text: _packed(tokenizer(text)["input_ids"])
+            self._encode_new = lambda text, specials: _packed(tokenizer(text, add_special_tokens=specials)["input_ids"])
             self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
         self._cached = functools.lru_cache(maxsize=cache_size)(self._encode_new)
 
     def encode(self, text: str) -> list[int]:
         """The ids (a ``Packed`` list of its own: the caller may keep it; their bytes are made once per prompt)."""
-        ids, packed = self._cached(text)
+        ids, packed = self._cached(text, True)
+        return Packed.of(ids, packed)
+
+    def encode_chat(self, text: str) -> list[int]:
+        """The ids of a rendered chat template's text: no special tokens added (the template wrote its own), as
+        ``apply_chat_template`` tokenizes it."""
+        ids, packed = self._cached(text, False)
         return Packed.of(ids, packed)
 
     @property

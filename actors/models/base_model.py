@@ -4,7 +4,9 @@ No model can be downloaded on the development machine, so tidal builds a small L
 LM with a byte-level BPE tokenizer, gives it a short supervised warm-up on transcripts of its environment
 (random legal play, optionally mixed with the environment's expert moves: so it knows the action format,
 and for some tasks a little of the strategy, as a real base model would), and saves it with
-``save_pretrained``.
+``save_pretrained``. Its tokenizer has a ChatML chat template (``actors.models.chat``), and the warm-up's
+prompts are rendered through the run's prompt template (``warmup_prompt``): the model is used as it was tuned,
+as an instruct model is.
 Everything downstream loads it with ``from_pretrained``: the same path a real model directory takes.
 """
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from actors.models.chat import CHAT_STYLES, PromptRenderer, give_chat_template, prompt_format
 from actors.models.random_model import ModelShape, make_random_model, publish_model_dir
 from actors.models.tokenizer import make_tokenizer
 from actors.models.transcripts import demonstrations
@@ -26,6 +29,7 @@ from algos.losses import sft_loss
 from envs.registry import make
 
 log = logging.getLogger(__name__)
+CHAT_WORDS = ["system\n", "user\n", "assistant\n"] * 50  # a chat template's role names, as tokens of their own
 
 
 @dataclass(frozen=True)
@@ -45,10 +49,17 @@ class TinyModelConfig:
     warmup_steps: int = 600
     warmup_batch: int = 128
     warmup_lr: float = 2e-3
+    warmup_prompt: str | None = None  # how warm-up prompts are rendered: chat | raw | a template (None: chat)
+    chat_style: str = "chatml"  # the tokenizer's chat template (actors.models.chat.CHAT_STYLES)
     seed: int = 0
+
+    def __post_init__(self):
+        if self.chat_style not in CHAT_STYLES:
+            raise ValueError(f"model.tiny.chat_style={self.chat_style!r}: choose one of {', '.join(CHAT_STYLES)}")
 
     def fingerprint(self) -> str:
         fields = asdict(self)
+        fields["warmup_prompt"] = self.warmup_prompt or "chat"
         for key, neutral in (("warmup_env_args", {}), ("warmup_expert_share", 0.0)):
             if fields[key] == neutral:  # models made before these fields existed keep their name
                 del fields[key]
@@ -66,6 +77,8 @@ def tiny_model_config(cfg) -> TinyModelConfig:
     if tiny.get("warmup_env") is None:
         tiny["warmup_env"] = cfg.env.args.env_name
         tiny["warmup_env_args"] = dict(cfg.env.args.env_args or {})
+    if tiny.get("warmup_prompt") is None:
+        tiny["warmup_prompt"] = cfg.prompt.template
     return TinyModelConfig(**tiny)
 
 
@@ -78,6 +91,13 @@ def make_model(tokenizer, cfg: TinyModelConfig):
         architecture="llama", hidden_size=cfg.hidden_size, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.heads,
         intermediate_size=cfg.intermediate_size, vocab_size=len(tokenizer), max_positions=cfg.max_positions,
         tie_embeddings=cfg.tie_embeddings, tokenizer_vocab=len(tokenizer), seed=cfg.seed))
+
+
+def rendered(tokenizer, pairs: list[tuple[str, str]], template: str | None) -> list[tuple[str, str]]:
+    """(prompt, answer) pairs with each observation rendered as the ``template`` renders a turn's prompt
+    (``prompt.template``; None: chat), so that the warm-up's prompts are the run's."""
+    renderer = PromptRenderer(prompt_format(template or "chat"), codec=None, tokenizer=tokenizer)
+    return [(renderer.text(observation), answer) for observation, answer in pairs]
 
 
 def warm_up(model, tokenizer, pairs: list[tuple[str, str]], cfg: TinyModelConfig) -> list[float]:
@@ -123,7 +143,9 @@ def ensure_base_model(cache_dir: str | Path, cfg: TinyModelConfig = TinyModelCon
     log.info("making the tiny base model in %s (a one-time warm-up)", path)
     torch.manual_seed(cfg.seed)
     pairs = demonstrations(cfg.warmup_env, cfg.warmup_games, cfg.seed, cfg.warmup_env_args, cfg.warmup_expert_share)
-    tokenizer = make_tokenizer([text for pair in pairs for text in pair], cfg.vocab_size)
+    tokenizer = make_tokenizer([text for pair in pairs for text in pair] + CHAT_WORDS, cfg.vocab_size)
+    give_chat_template(tokenizer, cfg.chat_style)
+    pairs = rendered(tokenizer, pairs, cfg.warmup_prompt)
     model = make_model(tokenizer, cfg)
     warm_up(model, tokenizer, pairs, cfg)
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from actors.models.chat import CHAT_STYLES, give_chat_template
 from actors.models.tokenizer import BYTE_ALPHABET, make_tokenizer, save_tokenizer
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class ModelShape:
     tokenizer_vocab: int = 512  # the BPE's target size (its text may support fewer tokens)
     tokenizer_env: str = BUILTIN  # whose random-play text trains the BPE: an environment's name, or builtin
     tokenizer_env_args: dict = field(default_factory=dict)
+    chat_style: str = "chatml"  # the tokenizer's chat template (actors.models.chat.CHAT_STYLES)
     seed: int = 0
 
     def __post_init__(self):
@@ -77,6 +79,8 @@ class ModelShape:
             problems.append(f"{k['hidden_size']} / {k['heads']} is an odd head_dim: rotary embeddings need it even")
         if self.heads % self.kv_heads:
             problems.append(f"{k['kv_heads']} does not divide {k['heads']} (each key/value head serves a group)")
+        if self.chat_style not in CHAT_STYLES:
+            return [f"{k['chat_style']}: choose one of {', '.join(CHAT_STYLES)}"]
         if self.tokenizer_vocab < MIN_TOKENIZER_VOCAB:
             problems.append(f"{k['tokenizer_vocab']} is below {MIN_TOKENIZER_VOCAB} (every byte, pad and eos)")
         elif self.vocab_size < self.tokenizer_vocab:
@@ -141,7 +145,7 @@ def make_random_model(tokenizer, shape: ModelShape):
 
     if len(tokenizer) > shape.vocab_size:
         raise ValueError(f"model.shape.vocab_size={shape.vocab_size} is smaller than the tokenizer "
-                         f"({len(tokenizer)} tokens)")
+                         f"({len(tokenizer)} tokens, its chat template's included)")
     config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM),
                                  "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[shape.architecture]
     config = config_class(
@@ -177,6 +181,7 @@ def ensure_random_model(cache_dir: str | Path, shape: ModelShape = ModelShape())
     log.info("making a random %s model in %s", shape.architecture, path)
     tokenizer = make_tokenizer(tokenizer_corpus(shape), shape.tokenizer_vocab,
                                split="qwen2" if shape.architecture == "qwen2" else "gpt2")
+    give_chat_template(tokenizer, shape.chat_style)
     model = make_random_model(tokenizer, shape)
     def save(tmp: Path) -> None:
         model.save_pretrained(tmp)  # safetensors

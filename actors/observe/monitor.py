@@ -146,6 +146,8 @@ class MetricsLog:
                "duplicate_completions": sum(s.get("duplicate_completions", 0) for s in envs),
                "staleness_total": learner.get("staleness_hist", {}),
                "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values()),
+               "truncated_actions": sum(s.get("truncated_actions", 0) for s in envs),  # cut at max_new_tokens
+               "context_full_episodes": sum(s.get("context_full_episodes", 0) for s in envs),
                "dataset_cpu_s": learner.get("dataset", {}).get("cpu_s")}
         row.update(stream_totals([s for actor in stats.values() for s in actor.get("streams", {}).values()]))
         if extra:

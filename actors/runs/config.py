@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from actors.models.base_model import TinyModelConfig
+from actors.models.chat import prompt_format
 from actors.models.random_model import ModelShape, random_model_config
 from actors.env.actor import EnvConfig
 from actors.league.actor import LeagueConfig
@@ -35,7 +36,7 @@ from actors.observe.wandb_log import MODES as WANDB_MODES
 BUILT = {
     EnvConfig: ("tokenizer_path", "policy_id", "temperature", "max_new_tokens", "max_staleness", "batch_episodes",
                 "admission_slot", "start_version", "start_versions", "seed", "incarnation", "started_before",
-                "admission_offset", "ledger_dir", "life", "tasks_dir"),
+                "admission_offset", "ledger_dir", "life", "tasks_dir", "prompt", "max_context_tokens"),
     RolloutConfig: ("model_path", "policy_id", "backend", "seed", "snapshot_dir"),
     LearnerConfig: ("model_path", "policy_id", "temperature", "max_staleness", "save_dir", "checkpoint_every",
                     "resume", "data_life", "life", "seed", "budget_s", "budget_versions", "ranks", "dataset_dir"),
@@ -139,6 +140,18 @@ class SamplingSection:
 
 
 @dataclass
+class PromptSection:
+    """How a turn's prompt is rendered (``actors.models.chat``, docs/models.md)."""
+
+    template: str = "chat"  # chat: the model's chat template | raw: the observation's text | a configs/templates/ name
+    history: str = "last"  # last: the current observation | transcript: the game so far as one message | chat: as
+    # alternating user/assistant turns (the policy's earlier completions as the assistant's)
+    system: Optional[str] = None  # a system message (a template's own when null)
+    max_context_tokens: Optional[int] = None  # a turn's prompt and token budget must fit, else its episode ends
+    # truncated; null: the model's max_position_embeddings
+
+
+@dataclass
 class EnvGroup:
     count: int = 1  # env actors
     max_count: int = 16  # the most env actors `tidal scale` may ask for
@@ -230,6 +243,7 @@ class RunConfig:
     ray: RaySection = field(default_factory=RaySection)
     model: ModelSection = field(default_factory=ModelSection)
     sampling: SamplingSection = field(default_factory=SamplingSection)
+    prompt: PromptSection = field(default_factory=PromptSection)
     env: EnvGroup = field(default_factory=EnvGroup)
     rollout: RolloutGroup = field(default_factory=RolloutGroup)
     reward: RewardGroup = field(default_factory=RewardGroup)
@@ -288,6 +302,7 @@ def check(cfg: RunConfig) -> None:
     if cfg.learner.ranks > 1 and cfg.run.mode != "ray":
         problems.append(f"learner.ranks={cfg.learner.ranks} needs run.mode=ray (each rank is a process of its own)")
     problems += observe_problems(cfg.observe)
+    problems += prompt_problems(cfg)
     run = cfg.run
     for key, value, ok, wanted in (("max_restarts", run.max_restarts, run.max_restarts >= 1, ">= 1 (run.restart="
                                     "false restarts nothing)"), ("restart_window_s", run.restart_window_s,
@@ -321,6 +336,19 @@ def check(cfg: RunConfig) -> None:
     problems += actor_config_problems(cfg)
     if problems:
         raise ValueError("; ".join(problems))
+
+
+def prompt_problems(cfg: RunConfig) -> list[str]:
+    """A prompt template that does not render, or a context that holds no turn."""
+    p = cfg.prompt
+    try:
+        prompt_format(p.template, p.history, p.system)
+    except ValueError as error:
+        return [str(error)]
+    if p.max_context_tokens is not None and p.max_context_tokens <= cfg.sampling.max_new_tokens:
+        return [f"prompt.max_context_tokens={p.max_context_tokens} leaves no room for a prompt and "
+                f"sampling.max_new_tokens={cfg.sampling.max_new_tokens}"]
+    return []
 
 
 def model_problems(cfg: RunConfig) -> list[str]:

@@ -329,6 +329,10 @@ class Driver:
             "final_version": rows[-1]["version"] if rows else 0,
             "episodes": rows[-1]["episodes"] if rows else 0,
             "episodes_per_s": sum(rates) / len(rates) if rates else None,
+            "turns": rows[-1]["turns"] if rows else 0,  # the policy's moves and the tokens sampled, evaluations too
+            "tokens": rows[-1]["tokens"] if rows else 0,
+            "truncated_actions": rows[-1].get("truncated_actions", 0) if rows else 0,
+            "context_full_episodes": rows[-1].get("context_full_episodes", 0) if rows else 0,
             "train_return": next((r["train_return"] for r in reversed(rows) if r.get("train_return") is not None), None),
             "target_reached_s": self.target_reached_s,
             "learner_busy": trained.get("learner_busy"),

@@ -188,6 +188,13 @@ def model_vocab_size(model_path: str) -> int:
     return int(AutoConfig.from_pretrained(model_path).vocab_size)
 
 
+def model_context(model_path: str) -> int | None:
+    """The model's context: its max_position_embeddings (None when its config names none)."""
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+
+
 def spawn_rollouts(cluster, cfg: RunConfig, top: Topology, joining: dict[str, int]) -> None:
     """Start ``joining[member]`` more rollout actors for each member, side by side, with names never used (at
     the start, or joining a run: each takes the latest weights, which its learner announces every second); their
@@ -220,6 +227,8 @@ def spawn_envs(cluster, cfg: RunConfig, top: Topology, actors: list[tuple[str, i
         max_staleness=admission_start(cfg), batch_episodes=cfg.replay.args.batch_episodes,
         admission_slot=slot, start_versions={g.member: g.start_version for g in groups},
         seed=cfg.run.seed * 1000 + i, ledger_dir=top.ledger, life=top.life, tasks_dir=top.tasks,
+        prompt={"template": cfg.prompt.template, "history": cfg.prompt.history, "system": cfg.prompt.system},
+        max_context_tokens=cfg.prompt.max_context_tokens or model_context(top.groups[first].model_path),
         **built_args(cfg.env.args)),
         env_peers(top)) for name, i, slot in actors])
     return [name for name, _, _ in actors]

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.cli import load_config
 from actors.models import random_model
+from actors.models.chat import CHAT_STYLES
 from actors.models.random_model import ModelShape, ensure_random_model, parameter_count, random_model_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +47,12 @@ def test_a_random_model_loads_as_a_hugging_face_directory_of_its_shape(tmp_path,
     assert model.get_input_embeddings().weight.shape == (1000, 64)
     assert (model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()) == tied
     # the tokenizer is tidal's small BPE; the embedding's rows past it are ids no text encodes to
-    assert 258 <= len(tokenizer) <= 512 < config.vocab_size
+    assert 258 <= len(tokenizer) <= 512 + len(CHAT_STYLES["chatml"].specials) < config.vocab_size
+    # with a ChatML chat template whose end of turn is the model's EOS, as an instruct model's tokenizer has them
+    assert tokenizer.eos_token == "<|im_end|>" and config.eos_token_id == tokenizer.eos_token_id
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "[5]"}], add_generation_prompt=True,
+                                         tokenize=False)
+    assert chat == "<|im_start|>user\n[5]<|im_end|>\n<|im_start|>assistant\n"
     # it encodes as trained, whichever class transformers loads it as (a Qwen2 directory's: Qwen2Tokenizer)
     trained = Tokenizer.from_file(str(path / "tokenizer.json"))
     for text in ("You are player 1. Board: X|O|3 [5]", "It's 10:30, bid 37 [bid 3 5]\n\nX|O  café"):
