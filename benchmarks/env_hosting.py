@@ -106,7 +106,7 @@ def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir:
                 transport.open_receiver(capacity=1024) as sink, trio.open_nursery() as nursery:
             nursery.start_soon(serve_scripted, transport, requests, _random_answers(answers))
             nursery.start_soon(_drain, sink)
-            env = EnvActor(EnvConfig(tokenizer_path=str(model_dir), env_name="gem:" + GEM_GAME,
+            env = EnvActor(EnvConfig(tokenizer_path=str(model_dir), env_name="gem:" + GEM_GAME, answer="boxed",
                                      concurrency=episodes, batch_episodes=10**9))  # admission: no limit here
             await nursery.start(env.run, transport, {"rollout": [requests.address], "reward": [sink.address]})
             if through_rollout:

@@ -3,6 +3,8 @@
 ``I think [bet] is best`` plays ``bet``. Text around the brackets is ignored, and so is case; when a text
 holds several bracketed parts, the first one that reads as a move of the game counts. Each game documents
 what goes inside the brackets (``[5]``, ``[bid 3 4]``, ``[offer 2 wood for 1 gold]``, ``[answer 42]``).
+The env actor first reads the policy's completion through the run's answer form (``envs.answers``: the last
+bracketed part, a ``\\boxed{}``, what follows ``</think>``), which hands the game bracketed text in this format.
 
 A model may write anything, so reading a move never raises and takes time linear in the text: a number is
 ASCII digits only, at most ``MAX_DIGITS`` of them (``read_int``); ``--5``, ``²``, ``٣`` or a thousand digits

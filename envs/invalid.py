@@ -14,6 +14,9 @@ has ``forfeit_turn()``: called on a forfeit, it moves the game past the mover's 
 
 With ``max_retries=0`` (the default) the first invalid action is a forfeit. Every invalid action is still
 a ``StepResult`` with ``invalid=True``, so the env actor counts them.
+
+A completion in which the env's answer form (``envs.answers``) finds no answer never reaches the game:
+``unreadable`` judges it as an invalid action here, the same way, with ``info["unreadable"]`` set.
 """
 
 from __future__ import annotations
@@ -57,6 +60,15 @@ class InvalidActions:
         if not isinstance(result, StepResult):  # a coroutine step
             return self._judge_later(result, mover, action_text)
         return self._judge(result, mover, action_text)
+
+    def unreadable(self, action_text: str, reason: str) -> StepResult:
+        """A completion with no answer in it (``envs.answers``), judged as an invalid action the game never sees:
+        the game does not change; ``reason`` says what was missing in the retry's note."""
+        if self.done:
+            raise RuntimeError("unreadable() on a finished game; call reset() first")
+        missing = StepResult([0.0] * self.game.num_players, terminated=False, invalid=True,
+                             info={"reason": reason, "unreadable": True})
+        return self._judge(missing, self.game.current_player, action_text)
 
     async def _judge_later(self, pending, mover: int, action_text: str) -> StepResult:
         return self._judge(await pending, mover, action_text)

@@ -230,7 +230,7 @@ async def scripted_env(tiny_model_dir, answer, version: int, **env_args):
         nursery.cancel_scope.cancel()
 
 
-def run_episodes(tiny_model_dir, answer, episodes: int, clock=None, record_requests=None, concurrency=4,
+def run_episodes(tiny_model_dir, answer, /, episodes: int, clock=None, record_requests=None, concurrency=4,
                  rollout=scripted_rollout, **env_args):
     """``episodes`` training episodes of an env actor against a scripted policy, then its statistics."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -29,6 +29,7 @@ import contextlib
 import gc
 import itertools
 import logging
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from actors.env.policy_client import PolicyClient, TokenCodec, by_member, open_p
 from actors.models.chat import PromptRenderer, prompt_format
 from actors.league.matchmaking import WEIGHTINGS, Payoff
 from actors.env.matches import Match, MatchSource, SelfPlayMatches, open_league_matches, seated, uniform_seats
+from envs.answers import answer_problem
 from envs.registry import OPPONENTS, make
 from streams.endpoints import Inbox, open_outboxes
 from streams.messages import VERSION_TOPIC, VersionAnnounced
@@ -69,6 +71,8 @@ class EnvConfig:
     invalid_penalty: float = -1.0  # a forfeit: the mover's reward when it runs out of retries
     max_retries: int = 0  # invalid actions a turn may retry (each costs retry_penalty) before the forfeit
     retry_penalty: float = -0.1
+    answer: str = "first_bracket"  # where the policy's move is in its completion (``envs.answers``: boxed, ...)
+    format_penalty: float = 0.0  # added to the mover's reward for a completion with no answer in that form
     max_staleness: int = 2  # eta: how many versions behind the learner a started episode may fall
     batch_episodes: int = 64  # the learner's batch size B, for admission
     admission_slot: tuple[int, int] = (0, 1)  # (i, n): this actor is i of n sharing the admission allowance
@@ -100,6 +104,11 @@ class EnvConfig:
             raise ValueError(f"opponent_seat {self.opponent_seat!r}: choose uniform or a PFSP weighting "
                              f"({', '.join(WEIGHTINGS)})")
         Payoff(self.opponent_seat_decay)  # checks the decay
+        problem = answer_problem(self.answer, self.env_name)
+        if problem:
+            raise ValueError(problem)
+        if not math.isfinite(self.format_penalty):
+            raise ValueError(f"format_penalty must be a finite number, not {self.format_penalty}")
         self.prompt_format = prompt_format(**self.prompt)  # checks the template
 
 
@@ -150,7 +159,8 @@ class EnvActor:
         self.codec = TokenCodec(tokenizer)
         budget = move_token_budget(self._idle_games[0], self.codec, cfg.max_new_tokens)
         self._settings = EpisodeSettings(cfg.env_name, budget, cfg.max_prompt_tokens, prompt=cfg.prompt_format,
-                                         max_context_tokens=cfg.max_context_tokens)
+                                         max_context_tokens=cfg.max_context_tokens, answer=cfg.answer,
+                                         format_penalty=cfg.format_penalty)
         PromptRenderer(cfg.prompt_format, self.codec, tokenizer)  # a chat template the tokenizer lacks: said now
         rollouts, rewards = (by_member(peers[key], cfg.policy_id) for key in ("rollout", "reward"))
         topics = [VERSION_TOPIC + member.encode() for member in self._admission.members]

@@ -32,6 +32,7 @@ import trio
 
 from actors.env.policy_client import GenerationRefused
 from actors.models.chat import PromptFormat, PromptRenderer
+from envs.answers import read_answer, reads_boxes, unreadable_reason
 from envs.base import StepResult
 from envs.registry import OPPONENTS, make_opponent
 from streams.messages import Completion
@@ -62,15 +63,20 @@ class EpisodeSettings:
     max_prompt_tokens: int | None = None  # keep only the last this many prompt tokens (raw prompts)
     prompt: PromptFormat = PromptFormat()  # how a turn's prompt is rendered (``actors.models.chat``)
     max_context_tokens: int | None = None  # a turn's prompt and token budget must fit: else the episode ends
+    answer: str = "first_bracket"  # where the policy's move is in its completion (``envs.answers``)
+    format_penalty: float = 0.0  # added to the mover's reward for a completion without an answer
 
 
 class EpisodeCounts:
     """Counts summed over every episode one host plays (its ``statistics()``), each seat's summed return, and
     the pace of fixed players: their moves never await, so every ``FIXED_MOVES_PER_CHECKPOINT`` of them (over
-    all the host's episodes) yield once, and a host of rules-only games still lets its other tasks run."""
+    all the host's episodes) yield once, and a host of rules-only games still lets its other tasks run.
 
-    NAMES = ("episodes", "steps", "turns", "invalid_actions", "forfeits", "errored", "truncated_actions",
-             "truncated_prompts", "refused_generations", "context_full_episodes")
+    ``invalid_actions`` counts every invalid move, the policy's unreadable completions included (no answer in the
+    answer form, ``envs.answers``); ``unreadable_actions`` counts those apart."""
+
+    NAMES = ("episodes", "steps", "turns", "invalid_actions", "unreadable_actions", "forfeits", "errored",
+             "truncated_actions", "truncated_prompts", "refused_generations", "context_full_episodes")
 
     def __init__(self, num_players: int):
         self.counts = dict.fromkeys(self.NAMES, 0)
@@ -206,7 +212,13 @@ class _Turns:
         else it only plays."""
         if trained:
             credit.add_row(row)
-        result = await _step(game, row[Columns.ACTION_TEXT], credit)
+        settings = self.settings
+        answer = read_answer(row[Columns.ACTION_TEXT], settings.answer, boxes=reads_boxes(settings.env_name))
+        if answer is None:  # no answer in the form: an invalid move, counted apart, and the format penalty
+            self.counts.counts["unreadable_actions"] += 1
+            result = await _unreadable(game, row, credit, settings)
+        else:
+            result = await _step(game, answer, credit)
         row[Columns.INVALID_ACTION] = result.invalid
         self.counts.counts["invalid_actions"] += result.invalid
         if row.get(Columns.ROLE):  # per role, where the game names them: turns and invalid moves
@@ -262,6 +274,22 @@ async def _step(game, action: str, credit: RewardCredit) -> StepResult:
     if not isinstance(result, StepResult):
         result = await result
     credit.add_rewards(result.rewards)
+    return result
+
+
+async def _unreadable(game, row: dict, credit: RewardCredit, settings: EpisodeSettings) -> StepResult:
+    """A completion with no answer in it: an invalid move the game never sees (``InvalidActions.unreadable``:
+    retries, then the forfeit), and ``format_penalty`` to the mover. A game outside ``envs.make``'s invalid rules
+    has no ``unreadable``: it reads the completion as written."""
+    unreadable = getattr(game, "unreadable", None)
+    if unreadable is None:
+        result = await _step(game, row[Columns.ACTION_TEXT], credit)
+    else:
+        result = unreadable(row[Columns.ACTION_TEXT], unreadable_reason(settings.answer))
+        credit.add_rewards(result.rewards)
+    if settings.format_penalty:
+        credit.add_rewards([settings.format_penalty if seat == row[Columns.AGENT] else 0.0
+                            for seat in range(len(result.rewards))])
     return result
 
 

@@ -36,7 +36,8 @@ class _EnvStatistics(TypedDict):
     episodes: int
     steps: int
     turns: int
-    invalid_actions: int
+    invalid_actions: int  # every invalid move, unreadable completions included
+    unreadable_actions: int  # the policy's completions with no answer in the answer form (``envs.answers``)
     forfeits: int
     errored: int
     truncated_actions: int

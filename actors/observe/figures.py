@@ -24,7 +24,8 @@ SECTIONS = {
     "staleness": ("staleness_mean", "staleness_max", "eta", "is_ess", "is_weight_mean", "is_outside_share",
                   "logprob_gap", "logprob_gap_same_version", "step_scale"),
     "loss": ("pg_loss", "clip_fraction", "approx_kl", "entropy", "kl_ref", "lr"),
-    "train": ("train_return", "invalid_rate", "invalid_share", "train_return_sum", "invalid_actions"),
+    "train": ("train_return", "invalid_rate", "invalid_share", "train_return_sum", "invalid_actions",
+              "unreadable_rate", "unreadable_actions"),
 }
 SECTION_OF = {key: section for section, keys in SECTIONS.items() for key in keys}
 # key -> (tag, whether its counts are keyed by bins' upper edges; else by integer values)

@@ -15,8 +15,8 @@ log = logging.getLogger(__name__)
 
 # counters that a restarted env or rollout actor starts again from 0, and that the run's totals continue (a
 # restarted learner takes its own back from its checkpoint; replay and reward's are not summed into totals)
-CONTINUED = ("episodes", "train_episodes", "train_return_sum", "turns", "invalid_actions", "tokens",
-             "reissued_requests", "duplicate_completions", "requests")
+CONTINUED = ("episodes", "train_episodes", "train_return_sum", "turns", "invalid_actions", "unreadable_actions",
+             "tokens", "reissued_requests", "duplicate_completions", "requests")
 CONTINUED_KINDS = ("env", "rollout")
 
 
@@ -125,6 +125,7 @@ class MetricsLog:
             "train_return_sum": sum(s.get("train_return_sum", 0.0) for s in envs),
             "turns": sum(s["turns"] for s in envs),
             "invalid_actions": sum(s["invalid_actions"] for s in envs),
+            "unreadable_actions": sum(s.get("unreadable_actions", 0) for s in envs),  # among the invalid ones
             "tokens": sum(s["tokens"] for s in rollouts),
         }
         elapsed = now - self.started if self.started is not None else self._elapsed_before
@@ -159,6 +160,8 @@ class MetricsLog:
             row["tokens_per_s"] = (totals["tokens"] - before["tokens"]) / dt
             turns = totals["turns"] - before["turns"]
             row["invalid_rate"] = (totals["invalid_actions"] - before["invalid_actions"]) / turns if turns else None
+            row["unreadable_rate"] = ((totals["unreadable_actions"] - before["unreadable_actions"]) / turns
+                                      if turns else None)
         row["train_return"] = self._train_return(now, totals)
         row.update(role_figures(envs, learner))
         for key in ("staleness_mean", "staleness_max", "staleness_hist", "pg_loss", "clip_fraction", "approx_kl",

@@ -342,9 +342,12 @@ def prompt_problems(cfg: RunConfig) -> list[str]:
     """A prompt template that does not render, or a context that holds no turn."""
     p = cfg.prompt
     try:
-        prompt_format(p.template, p.history, p.system)
+        fmt = prompt_format(p.template, p.history, p.system)
     except ValueError as error:
         return [str(error)]
+    if fmt.answer and fmt.answer != cfg.env.args.answer:
+        return [f"prompt.template={p.template} asks for the answer in the form {fmt.answer}, but env.args.answer="
+                f"{cfg.env.args.answer} reads another: set env.args.answer={fmt.answer}"]
     if p.max_context_tokens is not None and p.max_context_tokens <= cfg.sampling.max_new_tokens:
         return [f"prompt.max_context_tokens={p.max_context_tokens} leaves no room for a prompt and "
                 f"sampling.max_new_tokens={cfg.sampling.max_new_tokens}"]

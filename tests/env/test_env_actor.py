@@ -31,6 +31,20 @@ def test_an_invalid_action_ends_the_episode_with_a_penalty_and_is_counted(tiny_m
     assert stats["invalid_actions"] >= 3 and stats["errored"] == 0
 
 
+def test_the_answer_form_and_format_penalty_reach_the_episodes(tiny_model_dir):
+    """env.args.answer=boxed: "I play [1]" holds no box, so X's first move is unreadable and forfeits (with the
+    format penalty); "\\boxed{1}" is read, and O's same answer is illegal, not unreadable (no format penalty)."""
+    *episodes, stats = run_episodes(tiny_model_dir, "I play [1]", episodes=3, answer="boxed", format_penalty=-0.5)
+    for table in episodes:
+        rows = table.to_pylist()
+        assert len(rows) == 1 and rows[0][Columns.INVALID_ACTION] and rows[0][Columns.REWARD] == -1.5
+    assert stats["unreadable_actions"] >= 3 and stats["invalid_actions"] == stats["unreadable_actions"]
+    *episodes, stats = run_episodes(tiny_model_dir, "\\boxed{1}", episodes=3, answer="boxed", format_penalty=-0.5)
+    for table in episodes:
+        assert [r[Columns.REWARD] for r in table.to_pylist()] == [0.0, -1.0]
+    assert stats["unreadable_actions"] == 0 and stats["invalid_actions"] >= 3
+
+
 def test_a_share_of_training_games_against_the_fixed_opponent(tiny_model_dir):
     *episodes, _ = run_episodes(tiny_model_dir, "[5]", episodes=40, opponent_share=1.0)
     for table in episodes:

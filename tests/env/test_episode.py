@@ -8,6 +8,7 @@ import trio
 from actors.env.episode import FIXED_MOVES_PER_CHECKPOINT, EpisodeCounts, EpisodeSettings, move_token_budget, \
     play_episode
 from actors.env.policy_client import GenerationRefused
+from envs.answers import FORMS
 from envs.registry import make
 from streams.messages import Completion
 from streams.schema import Columns
@@ -39,9 +40,9 @@ class FirstFreeCell:
         return Completion(len(self.asked), tokens, [-0.25] * len(tokens), [3] * len(tokens), True)
 
 
-def play(seats, policy, learner="main", game=None, counts=None, max_prompt_tokens=None):
+def play(seats, policy, learner="main", game=None, counts=None, max_prompt_tokens=None, **reading):
     game = game or make("tictactoe")
-    settings = EpisodeSettings("tictactoe", max_new_tokens=6, max_prompt_tokens=max_prompt_tokens)
+    settings = EpisodeSettings("tictactoe", max_new_tokens=6, max_prompt_tokens=max_prompt_tokens, **reading)
     return trio.run(lambda: play_episode(game, seats, policy, CharCodec(), settings, episode_id="e-0", seed=7,
                                          learner=learner, counts=counts))
 
@@ -196,3 +197,97 @@ def test_the_matchup_names_the_seats_and_a_drawn_task_type():
     assert matchup(["main", "random"]) == "main,random" and matchup(["main"] * 2, "a+b") == "main,main/a+b"
     with pytest.raises(TypeError, match="task_type must be a str, not int"):
         matchup(["main"], 3)
+
+
+# -- answer forms (``envs.answers``): only the policy's completions are read through them ---------------------
+
+class Writes:
+    """A scripted policy that writes ``write(prompt, call)`` (call counts from 0); keeps the prompts it was asked."""
+
+    def __init__(self, write):
+        self.write, self.prompts = write, []
+
+    async def __call__(self, prompt_ids, max_tokens, policy):
+        prompt = CharCodec().decode(prompt_ids)
+        self.prompts.append(prompt)
+        tokens = CharCodec().encode(self.write(prompt, len(self.prompts) - 1))
+        return Completion(len(self.prompts), tokens, [-0.5] * len(tokens), [1] * len(tokens), True)
+
+
+def first_free(prompt: str) -> str:
+    return re.search(r"[1-9]", prompt.split("\n", 1)[1]).group()
+
+
+IN_FORM = {  # a completion with the first free cell as its move, written in each form
+    "first_bracket": lambda cell: f"I play [{cell}], not [10]",
+    "last_bracket": lambda cell: f"[10] is no cell, so [{cell}]",
+    "boxed": lambda cell: f"[1] is taken? so the answer is \\boxed{{{cell}}}",
+    "think_first_bracket": lambda cell: f"<think>[1] or [2]</think> [{cell}]",
+    "think_last_bracket": lambda cell: f"<think>[1]</think> [10] [{cell}]",
+    "think_boxed": lambda cell: f"<think>\\boxed{{1}}</think> \\boxed{{{cell}}}",
+}
+
+
+def test_a_policy_that_boxes_its_move_plays_tictactoe_under_boxed():
+    policy = Writes(lambda prompt, call: f"The first free cell, so \\boxed{{{first_free(prompt)}}}")
+    counts = EpisodeCounts(2)
+    rows, returns = play(["main", "main"], policy, counts=counts, answer="boxed")
+    assert returns == [1.0, -1.0] and len(rows) == 7  # X takes 1, 3, 5, 7 as in the bracketed mirror game
+    assert [r[Columns.ACTION_TEXT] for r in rows] == [f"The first free cell, so \\boxed{{{n}}}" for n in range(1, 8)]
+    assert counts.counts["invalid_actions"] == 0 and counts.counts["unreadable_actions"] == 0
+    counts = EpisodeCounts(2)  # the same completions read as brackets: none holds one, X forfeits at once
+    rows, returns = play(["main", "main"], policy, counts=counts)
+    assert returns == [-1.0, 0.0] and len(rows) == 1 and rows[0][Columns.INVALID_ACTION]
+    assert counts.counts["unreadable_actions"] == 1 and counts.counts["invalid_actions"] == 1
+
+
+def test_an_unreadable_completion_is_an_invalid_move_counted_apart_with_the_format_penalty():
+    """No ``</think>``: nothing is readable, though the completion holds a legal move. With a retry the mover pays
+    retry_penalty and format_penalty, and its next prompt says what was missing; without, it forfeits."""
+    write = Writes(lambda prompt, call: f"[{first_free(prompt)}]" if call == 0 else f"</think> [{first_free(prompt)}]")
+    counts = EpisodeCounts(2)
+    rows, returns = play(["main", "random"], write, counts=counts, game=make("tictactoe", max_retries=1),
+                         answer="think_last_bracket", format_penalty=-0.5)
+    assert rows[0][Columns.ACTION_TEXT] == "[1]" and rows[0][Columns.INVALID_ACTION]  # as generated
+    assert rows[0][Columns.REWARD] == pytest.approx(-0.1 - 0.5) and not rows[1][Columns.INVALID_ACTION]
+    assert write.prompts[1].startswith("Your answer '[1]' is not a valid move: no answer found: write the move in "
+                                       "square brackets after </think>. Try again")
+    assert counts.counts["unreadable_actions"] == 1 and counts.counts["invalid_actions"] == 1
+    assert counts.counts["forfeits"] == 0 and returns[0] == pytest.approx(sum(r[Columns.REWARD] for r in rows))
+
+    counts = EpisodeCounts(2)
+    rows, returns = play(["random", "main"], Writes(lambda prompt, call: "I play [5]"), counts=counts,
+                         answer="boxed", format_penalty=-0.5)
+    assert returns == pytest.approx([0.0, -1.5]) and len(rows) == 1  # invalid_penalty and format_penalty
+    assert rows[0][Columns.REWARD] == pytest.approx(-1.5) and rows[0][Columns.TERMINATED]
+    assert counts.counts["forfeits"] == 1 and counts.counts["unreadable_actions"] == 1
+
+
+def test_an_illegal_answer_is_invalid_but_not_unreadable_and_pays_no_format_penalty():
+    counts = EpisodeCounts(2)
+    rows, returns = play(["main", "random"], Writes(lambda prompt, call: "\\boxed{10}"), counts=counts,
+                         answer="boxed", format_penalty=-0.5)
+    assert returns == [-1.0, 0.0] and rows[0][Columns.INVALID_ACTION]
+    assert counts.counts["invalid_actions"] == 1 and counts.counts["unreadable_actions"] == 0
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_fixed_opponents_play_alike_under_every_form(form):
+    """An opponent writes canonical bracketed moves, which no form but the bracket ones would read: they never go
+    through the form. The policy's moves, written in the form, are read."""
+    alone = [play(["minimax", "random"], None, answer=form, learner=None)[1] for _ in range(2)]
+    assert alone[0] == alone[1] == play(["minimax", "random"], None, learner=None)[1]
+    for seats in (["random", "main"], ["main", "minimax"]):
+        counts = EpisodeCounts(2)
+        rows, _ = play(seats, Writes(lambda prompt, call: IN_FORM[form](first_free(prompt))), counts=counts,
+                       answer=form)
+        assert counts.counts["invalid_actions"] == 0 and counts.counts["unreadable_actions"] == 0, seats
+        assert counts.counts["steps"] > counts.counts["turns"] == len(rows)  # the opponent's moves were played
+
+
+def test_a_game_without_the_invalid_rules_reads_an_unreadable_completion_as_written():
+    """A game not made by ``envs.make`` (no ``unreadable``) gets the completion as generated; it is still counted."""
+    counts = EpisodeCounts(4)
+    rows, returns = play(["main"] * 4, Writes(lambda prompt, call: "[7]"), game=Quorum(), counts=counts,
+                         answer="boxed")
+    assert returns == [3.0, 1.0, 1.0, 1.0] and counts.counts["unreadable_actions"] == 4

@@ -56,7 +56,8 @@ def test_the_random_player_of_a_gem_game_is_reproducible_from_the_episode_seed()
 
 
 def test_the_env_actor_hosts_a_gem_game_and_keeps_its_rewards(tiny_model_dir):
-    *episodes, stats = run_episodes(tiny_model_dir, "\\boxed{3}", episodes=12, env_name=GAME, max_prompt_tokens=96)
+    *episodes, stats = run_episodes(tiny_model_dir, "\\boxed{3}", episodes=12, env_name=GAME, max_prompt_tokens=96,
+                                    answer="boxed")
     outcomes = set()
     for table in episodes:
         rows = table.to_pylist()
@@ -79,3 +80,39 @@ def test_a_gem_game_trains_in_a_short_run_over_real_sockets(tiny_model_dir, tmp_
         assert cluster.statistics("learner")["episodes"] >= 24
     finally:
         cluster.shutdown()
+
+
+def test_a_gem_game_reads_the_last_box_after_the_reasoning_and_never_sees_an_unreadable_one():
+    import trio
+
+    from actors.env.episode import EpisodeCounts, EpisodeSettings, play_episode
+    from streams.messages import Completion
+
+    class Codec:
+        def encode(self, text):
+            return [ord(c) for c in text]
+
+        def decode(self, ids):
+            return "".join(map(chr, ids))
+
+    def play(write, seed):
+        prompts, counts, game = [], EpisodeCounts(1), envs.make(GAME)
+
+        async def policy(prompt_ids, max_tokens, member):
+            prompts.append(Codec().decode(prompt_ids))
+            tokens = Codec().encode(write)
+            return Completion(len(prompts), tokens, [0.0] * len(tokens), [0] * len(tokens), True)
+
+        settings = EpisodeSettings(GAME, 64, answer="think_boxed", format_penalty=-0.5)
+        rows, returns = trio.run(lambda: play_episode(game, ["main"], policy, Codec(), settings, episode_id="g",
+                                                      seed=seed, learner="main", counts=counts))
+        return prompts, returns, counts.counts, game
+
+    for seed in range(10):  # a seed whose number is not 5: the guess is answered in the next prompt
+        prompts, _, counts, _ = play("<think>\\boxed{1}</think> \\boxed{2}, no: \\boxed{5}", seed)
+        if len(prompts) > 1:
+            break
+    assert "you guessed 5" in prompts[1] and counts["unreadable_actions"] == 0
+    prompts, returns, counts, game = play("I guess \\boxed{5}", 0)  # no </think>: no answer
+    assert returns == [-1.5] and counts["unreadable_actions"] == 1 == counts["forfeits"]
+    assert game.env.turn_count == 0  # GEM never saw the completion

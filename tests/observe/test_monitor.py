@@ -93,3 +93,16 @@ def test_a_role_games_figures_are_in_each_row_and_on_the_curve(tmp_path):
     evaluation = {"minute": 0.0, "nonloss": 0.5, "nonloss_by_seat": {0: 0.5}}
     plot_learning_curve([evaluation], log.rows, tmp_path / "curve.png", "random")
     assert (tmp_path / "curve.png").stat().st_size > 0
+
+
+def test_unreadable_completions_are_summed_and_read_as_a_rate_of_the_turns(tmp_path):
+    log = MetricsLog(tmp_path)
+    learner = {"version": 1, "episodes": 0, "train_s": 0.0}
+    before = {"episodes": 1, "turns": 10, "invalid_actions": 2, "unreadable_actions": 1}
+    log.snapshot({"learner": learner, "env-0": before, "env-1": {"episodes": 0, "turns": 0, "invalid_actions": 0}})
+    log.restarted("env-0")  # back from 0: what it counted stays in the totals
+    row = log.snapshot({"learner": learner, "env-0": {"episodes": 1, "turns": 10, "invalid_actions": 4,
+                                                      "unreadable_actions": 3},
+                        "env-1": {"episodes": 0, "turns": 10, "invalid_actions": 0}})
+    assert row["unreadable_actions"] == 4 and row["invalid_actions"] == 6
+    assert row["unreadable_rate"] == 3 / 20 and row["invalid_rate"] == 4 / 20

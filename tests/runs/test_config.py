@@ -87,3 +87,19 @@ def test_the_judge_group_composes_and_a_missing_model_is_named_before_any_actor_
     assert cfg.reward.args.scorer == "judge" and cfg.reward.args.judge.batch_size == 2
     with pytest.raises(Exception, match="tokenizer_path"):  # the topology fills it in: the run's tokenizer
         load_config(["reward.args.tokenizer_path=x"])
+
+
+def test_an_answer_form_the_env_cannot_read_is_refused_naming_the_key():
+    assert load_config([]).env.args.answer == "first_bracket" and load_config([]).env.args.format_penalty == 0.0
+    assert load_config(["env.args.answer=think_boxed", "env.args.format_penalty=-0.2"]).env.args.answer == "think_boxed"
+    assert load_config(["env=gem"]).env.args.answer == "boxed"  # GEM reads boxes: its config says so
+    with pytest.raises(ValueError, match=r"env.args: answer 'boxd' is not an answer form: env.args.answer is one of "
+                                         r"first_bracket, last_bracket, boxed"):
+        load_config(["env.args.answer=boxd"])
+    with pytest.raises(ValueError, match=r"answer 'last_bracket' cannot be read by gem:game:GuessTheNumber-v0-easy.*"
+                                         r"env.args.answer must be one of boxed, think_boxed"):
+        load_config(["env=gem", "env.args.answer=last_bracket"])
+    with pytest.raises(ValueError, match=r"answer 'first_bracket' cannot be read by gem:game:Mastermind-v0-easy"):
+        load_config(["env.args.env_name=gem:game:Mastermind-v0-easy"])  # the default form, on a GEM env
+    with pytest.raises(ValueError, match=r"env.args: format_penalty must be a finite number, not nan"):
+        load_config(["env.args.format_penalty=nan"])
