@@ -11,7 +11,8 @@ import struct
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 2  # 2: role and scored_by (a version-1 spill is read with both empty: `upgrade_batch`)
+SCHEMA_VERSION = 3  # 2: role and scored_by; 3: action_truncated (an older spill is read with them empty or false:
+# `upgrade_batch`)
 VERSION_KEY = b"tidal.schema_version"
 
 
@@ -41,6 +42,7 @@ class Columns:
     SCORED_AT = "scored_at"
     ROLE = "role"  # the agent's role where the game names roles (proposer, solver, ...); "" : its seat is its role
     SCORED_BY = "scored_by"  # who set the reward: "" for the game's own outcome, else the scorer or judge
+    ACTION_TRUNCATED = "action_truncated"  # the completion was cut at its token budget (no EOS, no stop string)
 
 
 FIELDS: tuple[tuple[str, pa.DataType], ...] = (
@@ -66,19 +68,27 @@ FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     (Columns.SCORED_AT, pa.float64()),
     (Columns.ROLE, pa.string()),
     (Columns.SCORED_BY, pa.string()),
+    (Columns.ACTION_TRUNCATED, pa.bool_()),
 )
-OPTIONAL: dict[str, object] = {Columns.ROLE: "", Columns.SCORED_BY: ""}  # a row may leave these out
+# a row may leave these out
+OPTIONAL: dict[str, object] = {Columns.ROLE: "", Columns.SCORED_BY: "", Columns.ACTION_TRUNCATED: False}
 
 BATCH_SEQ_KEY = b"tidal.batch_seq"
 TRAJECTORY_SCHEMA = pa.schema(FIELDS, metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()})
 NAMES: tuple[str, ...] = tuple(name for name, _ in FIELDS)
 SCHEMA_V1 = pa.schema([f for f in FIELDS if f[0] not in OPTIONAL], metadata={VERSION_KEY: b"1"})
+SCHEMA_V2 = pa.schema([f for f in FIELDS if f[0] != Columns.ACTION_TRUNCATED], metadata={VERSION_KEY: b"2"})
+OLDER_SCHEMAS = (SCHEMA_V1, SCHEMA_V2)  # spills of these are read (`upgrade_batch`)
 
 
 def upgrade_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A record batch of a version-1 spill as version 2: ``role`` and ``scored_by`` empty."""
-    empty = pa.array([""] * batch.num_rows, pa.string())
-    return pa.RecordBatch.from_arrays([*batch.columns, empty, empty], schema=TRAJECTORY_SCHEMA)
+    """A record batch of an older spill (`OLDER_SCHEMAS`) as the current version: the columns it lacks hold their
+    `OPTIONAL` defaults (``role`` and ``scored_by`` empty, ``action_truncated`` false)."""
+    if batch.schema.equals(TRAJECTORY_SCHEMA):
+        return batch
+    columns = [batch.column(name) if name in batch.schema.names else
+               pa.array([OPTIONAL[name]] * batch.num_rows, kind) for name, kind in FIELDS]
+    return pa.RecordBatch.from_arrays(columns, schema=TRAJECTORY_SCHEMA)
 
 
 class SchemaError(ValueError):

@@ -73,6 +73,7 @@ class EnvConfig:
     retry_penalty: float = -0.1
     answer: str = "first_bracket"  # where the policy's move is in its completion (``envs.answers``: boxed, ...)
     format_penalty: float = 0.0  # added to the mover's reward for a completion with no answer in that form
+    truncation_penalty: float = 0.0  # added to the mover's reward for a completion cut at max_new_tokens
     max_staleness: int = 2  # eta: how many versions behind the learner a started episode may fall
     batch_episodes: int = 64  # the learner's batch size B, for admission
     admission_slot: tuple[int, int] = (0, 1)  # (i, n): this actor is i of n sharing the admission allowance
@@ -107,8 +108,9 @@ class EnvConfig:
         problem = answer_problem(self.answer, self.env_name)
         if problem:
             raise ValueError(problem)
-        if not math.isfinite(self.format_penalty):
-            raise ValueError(f"format_penalty must be a finite number, not {self.format_penalty}")
+        for key in ("format_penalty", "truncation_penalty"):
+            if not math.isfinite(getattr(self, key)):
+                raise ValueError(f"{key} must be a finite number, not {getattr(self, key)}")
         self.prompt_format = prompt_format(**self.prompt)  # checks the template
 
 
@@ -160,7 +162,8 @@ class EnvActor:
         budget = move_token_budget(self._idle_games[0], self.codec, cfg.max_new_tokens)
         self._settings = EpisodeSettings(cfg.env_name, budget, cfg.max_prompt_tokens, prompt=cfg.prompt_format,
                                          max_context_tokens=cfg.max_context_tokens, answer=cfg.answer,
-                                         format_penalty=cfg.format_penalty)
+                                         format_penalty=cfg.format_penalty,
+                                         truncation_penalty=cfg.truncation_penalty)
         PromptRenderer(cfg.prompt_format, self.codec, tokenizer)  # a chat template the tokenizer lacks: said now
         rollouts, rewards = (by_member(peers[key], cfg.policy_id) for key in ("rollout", "reward"))
         topics = [VERSION_TOPIC + member.encode() for member in self._admission.members]

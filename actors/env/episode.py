@@ -65,6 +65,7 @@ class EpisodeSettings:
     max_context_tokens: int | None = None  # a turn's prompt and token budget must fit: else the episode ends
     answer: str = "first_bracket"  # where the policy's move is in its completion (``envs.answers``)
     format_penalty: float = 0.0  # added to the mover's reward for a completion without an answer
+    truncation_penalty: float = 0.0  # added to the mover's reward for a completion cut at its token budget
 
 
 class EpisodeCounts:
@@ -216,9 +217,11 @@ class _Turns:
         answer = read_answer(row[Columns.ACTION_TEXT], settings.answer, boxes=reads_boxes(settings.env_name))
         if answer is None:  # no answer in the form: an invalid move, counted apart, and the format penalty
             self.counts.counts["unreadable_actions"] += 1
-            result = await _unreadable(game, row, credit, settings)
+            result = await _unreadable(game, row, credit, settings, trained)
         else:
             result = await _step(game, answer, credit)
+        if trained and settings.truncation_penalty and row[Columns.ACTION_TRUNCATED]:  # cut at its token budget
+            credit.add_rewards(_to_mover(settings.truncation_penalty, row, len(result.rewards)))
         row[Columns.INVALID_ACTION] = result.invalid
         self.counts.counts["invalid_actions"] += result.invalid
         if row.get(Columns.ROLE):  # per role, where the game names them: turns and invalid moves
@@ -251,6 +254,7 @@ class _Turns:
             Columns.REWARD: 0.0, Columns.TERMINATED: False, Columns.TRUNCATED: False,
             Columns.EPISODE_RETURN: 0.0, Columns.INVALID_ACTION: False,
             Columns.GENERATED_AT: time.time(), Columns.SCORED_AT: 0.0,
+            Columns.ACTION_TRUNCATED: not completion.finished,
         }
 
 
@@ -277,7 +281,12 @@ async def _step(game, action: str, credit: RewardCredit) -> StepResult:
     return result
 
 
-async def _unreadable(game, row: dict, credit: RewardCredit, settings: EpisodeSettings) -> StepResult:
+def _to_mover(reward: float, row: dict, seats: int) -> list[float]:
+    return [reward if seat == row[Columns.AGENT] else 0.0 for seat in range(seats)]
+
+
+async def _unreadable(game, row: dict, credit: RewardCredit, settings: EpisodeSettings,
+                      trained: bool = True) -> StepResult:
     """A completion with no answer in it: an invalid move the game never sees (``InvalidActions.unreadable``:
     retries, then the forfeit), and ``format_penalty`` to the mover. A game outside ``envs.make``'s invalid rules
     has no ``unreadable``: it reads the completion as written."""
@@ -287,9 +296,8 @@ async def _unreadable(game, row: dict, credit: RewardCredit, settings: EpisodeSe
     else:
         result = unreadable(row[Columns.ACTION_TEXT], unreadable_reason(settings.answer))
         credit.add_rewards(result.rewards)
-    if settings.format_penalty:
-        credit.add_rewards([settings.format_penalty if seat == row[Columns.AGENT] else 0.0
-                            for seat in range(len(result.rewards))])
+    if settings.format_penalty and trained:  # the learner's seats only
+        credit.add_rewards(_to_mover(settings.format_penalty, row, len(result.rewards)))
     return result
 
 

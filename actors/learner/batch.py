@@ -36,6 +36,7 @@ class TokenBatch:
     role_keys: list[tuple]  # [N], (env, matchup, role or seat): whose baseline a row shares
     groups: torch.Tensor  # [N], one id per (episode, role or seat): a role's attempts at one task
     state_keys: list[int]  # [N], a digest of the prompt: where the agent stood (rae_state's key)
+    truncated: torch.Tensor  # [N], the completion was cut at its token budget (``action_truncated``)
 
     def rows(self, index: torch.Tensor) -> TokenBatch:
         """The rows ``index`` of this batch (for minibatches)."""
@@ -98,6 +99,7 @@ def collate(table: pa.Table, pad_id: int) -> TokenBatch:
                            roles)),
         groups=torch.tensor([group_ids.setdefault(k, len(group_ids)) for k in zip(episodes, roles)], dtype=torch.int64),
         state_keys=[prompt_digest(p) for p in prompts],
+        truncated=torch.tensor(table.column(Columns.ACTION_TRUNCATED).to_numpy(zero_copy_only=False), dtype=torch.bool),
     )
 
 

@@ -65,6 +65,8 @@ def trained_rows(objective, advantages: torch.Tensor, batch, reference, generato
         if reference is not None and objective.anchored:
             idle &= objective.kl_coefs(batch.role_keys) == 0
         trained = ~idle
+    if objective.truncated_actions == "mask":  # completions cut at their budget: context, never trained
+        trained &= ~batch.truncated
     shares = objective.row_shares(batch.role_keys)
     if bool((shares < 1).any()):  # no draw otherwise: the generator's stream stays as it was
         trained &= torch.rand(len(shares), generator=generator) < shares

@@ -26,6 +26,7 @@ from actors.learner.group import Shard
 LOSSES = ("decoupled_ppo", "ppo", "truncated_is", "reinforce")
 ADVANTAGES = ("rae", "rae_state", "grpo", "grpo_mean", "rebn", "role_grpo")
 KL_ESTIMATORS = ("loss", "reward")
+TRUNCATED_ACTIONS = ("train", "mask")  # what the update does with a completion cut at its token budget
 IS_LOG2_BINS = (-4.0, 4.0, 16)  # is_weight_hist: log2 of w in 16 bins over [1/16, 16] (beyond: the outer bins)
 NONFINITE_LOSS = "nonfinite_loss_max"  # while a minibatch runs: 1 if a micro-batch's loss was not finite
 
@@ -58,12 +59,17 @@ class Objective:
     entropy_coef: float = 0.0  # > 0: entropy bonus
     max_grad_norm: float = 1.0
     minibatches: int = 4  # optimizer steps per batch; > 1 recomputes pi_prox before the first
+    truncated_actions: str = "train"  # a completion cut at max_new_tokens: train it as any | mask: leave its tokens
+    # out of the update (env.args.truncation_penalty penalises it instead, or as well)
 
     def __post_init__(self):
         for what, value, known in (("loss", self.loss, LOSSES), ("advantage estimator", self.advantage, ADVANTAGES),
                                     ("KL estimator", self.kl_estimator, KL_ESTIMATORS)):
             if value not in known:
                 raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(known)}")
+        if self.truncated_actions not in TRUNCATED_ACTIONS:
+            raise ValueError(f"truncated_actions must be one of {', '.join(TRUNCATED_ACTIONS)}, not "
+                             f"{self.truncated_actions!r}")
         if self.minibatches < 1:
             raise ValueError(f"minibatches must be >= 1, not {self.minibatches}")
         self.kl_coef_by_role = dict(self.kl_coef_by_role or {})

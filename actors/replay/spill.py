@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from streams.schema import SCHEMA_V1, TRAJECTORY_SCHEMA, Columns, upgrade_batch
+from streams.schema import OLDER_SCHEMAS, TRAJECTORY_SCHEMA, Columns, upgrade_batch
 
 log = logging.getLogger(__name__)
 BATCH_LOG = "batches.jsonl"
@@ -300,7 +300,7 @@ def _read_batches(path: Path):
     with open(path, "rb") as f:
         try:
             reader = pa.ipc.open_stream(f)
-            upgrade = reader.schema.equals(SCHEMA_V1)  # a spill written before role and scored_by: they are empty
+            upgrade = any(reader.schema.equals(old) for old in OLDER_SCHEMAS)  # columns it lacks: their defaults
             if not (upgrade or reader.schema.equals(TRAJECTORY_SCHEMA)):
                 log.warning("%s: skipped: its schema is not the trajectory schema", path)
                 return
