@@ -2,9 +2,12 @@
 context guard, and that only the policy's own tokens are trained, its behaviour log-probs lining up token for token
 with the learner's."""
 
+import re
+
 import pytest
 import torch
 import trio
+from transformers import AutoTokenizer
 
 from actors.env.episode import EpisodeCounts, EpisodeSettings, play_episode
 from actors.env.policy_client import TokenCodec
@@ -150,3 +153,34 @@ def test_behaviour_logprobs_of_a_chat_prompt_line_up_with_the_learners_token_for
         rows += played[0]
     batch = collate(trajectory_table(rows), tokenizer.pad_token_id)
     assert behaviour_gap(model, batch, 1.0) < 1e-4
+
+
+def test_an_env_actor_prompts_a_qwen2_shape_with_the_spiral_template_and_reads_the_last_box(tmp_path):
+    """A random-init Qwen2-shaped model directory (its tokenizer with a ChatML template): the env actor renders
+    every prompt through the SPIRAL-style template, and a completion that boxes a move while reasoning and then
+    boxes its answer plays the last box."""
+    from actors.models.random_model import ModelShape, ensure_random_model
+    from tests.factories import run_episodes
+
+    model_dir = ensure_random_model(tmp_path, ModelShape(
+        architecture="qwen2", hidden_size=64, layers=1, heads=2, kv_heads=1, intermediate_size=64, vocab_size=600,
+        max_positions=4096, tokenizer_vocab=512))
+
+    def reason_then_box(prompt: str) -> str:
+        board = prompt.split("Observation: ", 1)[1].split("\nMove:")[0]
+        free = re.findall(r"[1-9]", board.split("\n", 1)[1])
+        return f"<think>Cell {free[-1]}? No: \\boxed{{{free[-1]}}} loses.</think> So \\boxed{{{free[0]}}}"
+
+    requests = []
+    *episodes, stats = run_episodes(model_dir, reason_then_box, episodes=4, record_requests=requests,
+                                    prompt={"template": "spiral"}, answer="boxed", opponent_share=0.0)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    first = tokenizer.decode(requests[0].prompt_ids)
+    assert first.startswith("<|im_start|>user\nYou are playing a game.") and "\\boxed{}" in first
+    assert first.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    assert stats["invalid_actions"] == 0 and stats["unreadable_actions"] == 0
+    for table in episodes:
+        rows = table.to_pylist()
+        moves = [re.findall(r"\\boxed\{(\d)\}", r[Columns.ACTION_TEXT])[-1] for r in rows]
+        assert len(set(moves)) == len(moves)  # each the first free cell, as the last box said: no cell twice
+        assert rows[-1][Columns.TERMINATED]  # both seats take the first free cell: X wins on 3 5 7
