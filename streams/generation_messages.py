@@ -82,7 +82,7 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     versions: list[int]
-    finished: bool  # ended with EOS; False when cut at max_tokens
+    finished: bool  # ended with EOS or a stop string; False when cut at max_tokens
     error: str = ""
 
     def to_body(self) -> bytes:

@@ -28,6 +28,10 @@ requests that are waiting: the engine holds one set of weights, the live policy'
 ``auto`` is CUDA in bfloat16 when a GPU is visible, else the CPU in float32 (`actors/models/devices.py`). New
 weights are copied into the model's parameters, so they take its device and dtype. The ``vllm`` engine runs on
 its build's platform, in ``vllm.dtype`` (null: this ``dtype``).
+
+``stop`` (the run's ``sampling.stop``): strings that end a completion in either engine, and in the snapshots'
+sampler, kept in the completion (`actors.rollout.sampling`); a completion's ``finished`` is true when it ended at
+EOS or a stop string, false when ``max_tokens`` cut it.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from actors.models.base_model import load_policy
 from actors.models.devices import check_device, check_dtype, resolve_device, resolve_dtype
 from actors.rollout.face import RolloutStatistics
 from actors.rollout.hf_engine import HfEngine, HfSampler, SnapshotCache
+from actors.rollout.sampling import StopStrings, stop_problems
 from actors.rollout.serving import Engine, Served, waiting
 from actors.rollout.vllm_engine import MAX_TEMPERATURE, VllmEngine, VllmOptions, VllmSampler
 from actors.rollout.weights import HeldWeights
@@ -78,6 +83,7 @@ class RolloutConfig:
     weights_shared_memory: bool = True
     device: str = "auto"  # where hf models run: auto (CUDA when present) | cpu | cuda | cuda:<index>
     dtype: str = "auto"  # their precision: auto (bfloat16 on a GPU, float32 on the CPU) | float32 | bfloat16 | ...
+    stop: list[str] = field(default_factory=list)  # sampling.stop: strings that end a completion, kept in it
 
     def __post_init__(self):
         for key, check in (("device", check_device), ("dtype", check_dtype)):
@@ -93,6 +99,9 @@ class RolloutConfig:
             raise ValueError(f"unknown rollout backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if isinstance(self.vllm, dict):
             self.vllm = VllmOptions(**self.vllm)
+        if problems := stop_problems(self.stop):
+            raise ValueError("; ".join(problems))
+        self.stop = list(self.stop)
 
 
 BACKENDS = ("hf", "vllm")
@@ -180,6 +189,25 @@ def engine_problems(backend: str, temperature: float) -> list[str]:
     return []
 
 
+def stop_problems_with(model_paths, strings: list[str], max_new_tokens: int) -> list[str]:
+    """The stop strings that a completion of ``max_new_tokens`` tokens could not hold: those the tokenizer of a
+    model in ``model_paths`` encodes to more tokens, said with the config's keys (the driver checks them once the
+    run's models are at hand, before any actor starts)."""
+    if not strings:
+        return []
+    from transformers import AutoTokenizer
+
+    problems = []
+    for path in dict.fromkeys(str(p) for p in model_paths):
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        for s in strings:
+            count = len(tokenizer(s, add_special_tokens=False)["input_ids"])
+            if count > max_new_tokens:
+                problems.append(f"sampling.stop: {s!r} is {count} tokens of {path}'s tokenizer, more than "
+                                f"sampling.max_new_tokens={max_new_tokens}")
+    return problems
+
+
 def start_engine(cfg: RolloutConfig, weights: HeldWeights, name: str) -> Engine:
     """The engine ``cfg.backend`` names (the one place it is chosen), its model loaded: blocking, so the actor
     calls it in a worker thread. Its hf sampler, on the configured device, samples the hf engine's live policy
@@ -194,13 +222,14 @@ def start_engine(cfg: RolloutConfig, weights: HeldWeights, name: str) -> Engine:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
-        sampler = HfSampler(tokenizer, device, dtype, cfg.seed, Served())
+        stop = StopStrings.of(tokenizer, cfg.stop)
+        sampler = HfSampler(tokenizer, device, dtype, cfg.seed, Served(), stop)
         options = dataclasses.replace(cfg.vllm, dtype=cfg.vllm.dtype or cfg.dtype)
         vllm = VllmSampler(cfg.model_path, tokenizer.eos_token_id, options=options, threads=cfg.threads,
-                           max_seqs=cfg.max_batch, seed=cfg.seed, name=name)
+                           max_seqs=cfg.max_batch, seed=cfg.seed, name=name, stop=stop)
         return VllmEngine(vllm, _snapshots(cfg, sampler, name), weights, max_batch=cfg.max_batch)
     model, tokenizer = load_policy(cfg.model_path)
-    sampler = HfSampler(tokenizer, device, dtype, cfg.seed, Served())
+    sampler = HfSampler(tokenizer, device, dtype, cfg.seed, Served(), StopStrings.of(tokenizer, cfg.stop))
     return HfEngine(sampler.place(model), sampler, _snapshots(cfg, sampler, name), weights, max_batch=cfg.max_batch,
                     interruptible=cfg.interruptible, latency_s=cfg.latency_s)
 

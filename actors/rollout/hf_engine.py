@@ -6,7 +6,8 @@ lists.
 
 `HfSampler` samples a batch of requests with a model in passes (`passes`), in a worker thread; `HfEngine` serves the
 live policy with it, and `SnapshotCache` a league's frozen snapshots (with either engine: the ``vllm`` engine holds
-one set of weights, the live policy's).
+one set of weights, the live policy's). A completion ends at EOS or at one of the sampler's stop strings
+(``sampling.stop``, kept in the completion: `actors.rollout.sampling`), for the live policy and snapshots alike.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import trio
 
 from actors.models.padding import cut
 from actors.models.snapshots import SnapshotError, load_snapshot, parse_snapshot_id
-from actors.rollout.sampling import device_generator, sample
+from actors.rollout.sampling import StopStrings, device_generator, sample
 from actors.rollout.serving import Answer, Served, waiting
 from actors.rollout.weights import HeldWeights
 from streams.messages import Completion, GenerationRequest
@@ -46,10 +47,11 @@ def passes(batch: list[GenerationRequest]) -> list[list[GenerationRequest]]:
 class HfSampler:
     """Batches of requests sampled with transformers models on the actor's device, in its dtype: a batch in
     `passes`, each in a worker thread, all drawing from one random generator on the device (seeded from the
-    actor's seed). What it samples is counted in ``served``."""
+    actor's seed). What it samples is counted in ``served``. ``stop``: the stop strings (`StopStrings`), or None."""
 
-    def __init__(self, tokenizer, device: torch.device, dtype: torch.dtype, seed: int, served: Served):
-        self.tokenizer, self.device, self.dtype, self.served = tokenizer, device, dtype, served
+    def __init__(self, tokenizer, device: torch.device, dtype: torch.dtype, seed: int, served: Served,
+                 stop: StopStrings | None = None):
+        self.tokenizer, self.device, self.dtype, self.served, self.stop = tokenizer, device, dtype, served, stop
         self.generator = device_generator(device, seed)
 
     def place(self, model):
@@ -81,7 +83,7 @@ class HfSampler:
         samples = await trio.to_thread.run_sync(lambda: sample(
             model, [r.prompt_ids for r in requests], eos_id=self.tokenizer.eos_token_id,
             pad_id=self.tokenizer.pad_token_id, temperature=first.temperature, max_new_tokens=first.max_tokens,
-            generator=self.generator, version=version, swap_weights=swap))
+            generator=self.generator, version=version, swap_weights=swap, stop=self.stop))
         self.served.tokens += sum(len(s.tokens) for s in samples)
         return [(Completion(r.request_id, s.tokens, s.logprobs, s.versions, s.finished), r)
                 for r, s in zip(requests, samples)]

@@ -21,6 +21,14 @@ worker a copy) they are written once to a file that every worker maps, in a dire
 ``streams/private_files.py``) (``weights_in_memory`` overrides the choice). An aborted request goes on from its prefix: its prompt and the tokens
 it has so far are submitted again as the prompt of a new request, with the rest of its token budget. Each
 submission is sampled by exactly one version, so every token is tagged with the version that sampled it.
+
+Stop strings (``stop``, `StopStrings`): vLLM checks them in the text it detokenizes (``detokenize`` is on only
+when there are stop strings: vLLM refuses them without it), keeps each in the output
+(``include_stop_str_in_output``) and ends the request at the token that completes it, as the hf sampler does. It
+checks only a submission's own output, not its prompt: after a resumed submission the sampler checks the tokens
+where the two parts meet (a stop string across them ends the completion there, the tokens after it dropped).
+``finished`` comes from vLLM's ``finish_reason``: ``stop`` (EOS or a stop string) is finished, ``length`` (the
+token budget, or the model's length) is not.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import trio
 
 from actors.models.devices import check_dtype, resolve_dtype
 from actors.rollout.hf_engine import SnapshotCache
-from actors.rollout.sampling import Sample
+from actors.rollout.sampling import Sample, StopStrings
 from actors.rollout.serving import waiting
 from actors.rollout.weights import HeldWeights
 from streams.messages import Completion, GenerationRequest
@@ -154,14 +162,15 @@ def _environment(values: dict[str, str]):
 
 
 class VllmSampler:
-    """One vLLM engine; `sample` is called from trio tasks, concurrently. ``version``: the weights it holds."""
+    """One vLLM engine; `sample` is called from trio tasks, concurrently. ``version``: the weights it holds.
+    ``stop``: the stop strings (`StopStrings`), or None."""
 
     def __init__(self, model_path: str, eos_id: int, *, options: VllmOptions | None = None, threads: int = 1,
-                 max_seqs: int = 256, seed: int = 0, name: str = "rollout"):
+                 max_seqs: int = 256, seed: int = 0, name: str = "rollout", stop: StopStrings | None = None):
         self.options = options or VllmOptions()
-        self.eos_id, self.name, self.version = eos_id, name, 0
+        self.eos_id, self.name, self.version, self.stop = eos_id, name, 0, stop
         self.stats = {"submissions": 0, "resumed": 0, "weight_loads": 0, "weight_loads_in_memory": 0,
-                      "weight_loads_from_file": 0, "aborted_in_flight": 0}
+                      "weight_loads_from_file": 0, "aborted_in_flight": 0, "stopped_across_resume": 0}
         self.in_memory = (self.options.tensor_parallel_size == 1 if self.options.weights_in_memory is None
                           else self.options.weights_in_memory)  # how `load` moves weights (module docstring)
         self._ids = itertools.count()
@@ -194,16 +203,24 @@ class VllmSampler:
         if not prompt:
             raise ValueError("empty prompt: every prompt needs at least one token")
         tokens, logprobs, versions = [], [], []
-        while len(tokens) < max_tokens and not (tokens and tokens[-1] == self.eos_id):
+        reason = None
+        while len(tokens) < max_tokens:
             version, collector = await self._submit(prompt + tokens, temperature, max_tokens - len(tokens))
             new_tokens, new_logprobs, reason = await self._thread.run(self._collect(collector))
+            joined = len(tokens)
             tokens += new_tokens
             logprobs += new_logprobs
             versions += [version] * len(new_tokens)
+            if joined and self.stop is not None:  # a stop string across the two submissions' tokens
+                end = self.stop.first_across(tokens, joined)
+                if end is not None:
+                    del tokens[end:], logprobs[end:], versions[end:]
+                    self.stats["stopped_across_resume"] += 1
+                    reason = "stop"
             if reason != "abort":
                 break
             self.stats["resumed"] += 1
-        return Sample(tokens, logprobs, versions, bool(tokens and tokens[-1] == self.eos_id))
+        return Sample(tokens, logprobs, versions, reason == "stop")
 
     async def _submit(self, prompt: list[int], temperature: float, max_tokens: int):
         """Add a request to the engine, never while weights change; (the version that samples it, its outputs)."""
@@ -212,8 +229,10 @@ class VllmSampler:
 
         while self._loading:
             await self._changed.wait()
-        try:
-            params = SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=0, detokenize=False,
+        stop = list(self.stop.strings) if self.stop is not None else []
+        try:  # vLLM checks stop strings in the text it detokenizes, and refuses them without it
+            params = SamplingParams(temperature=temperature, max_tokens=max_tokens, logprobs=0,
+                                    detokenize=bool(stop), stop=stop, include_stop_str_in_output=True,
                                     output_kind=RequestOutputKind.DELTA)
         except Exception as error:  # vLLM's VLLMValidationError: this request's settings, not the engine
             raise RequestRefused(str(error)) from error
