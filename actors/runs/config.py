@@ -37,7 +37,7 @@ BUILT = {
     EnvConfig: ("tokenizer_path", "policy_id", "temperature", "max_new_tokens", "max_staleness", "batch_episodes",
                 "admission_slot", "start_version", "start_versions", "seed", "incarnation", "started_before",
                 "admission_offset", "ledger_dir", "life", "tasks_dir", "prompt", "max_context_tokens"),
-    RolloutConfig: ("model_path", "policy_id", "backend", "seed", "snapshot_dir"),
+    RolloutConfig: ("model_path", "policy_id", "backend", "seed", "snapshot_dir", "stop"),
     LearnerConfig: ("model_path", "policy_id", "temperature", "max_staleness", "save_dir", "checkpoint_every",
                     "resume", "data_life", "life", "seed", "budget_s", "budget_versions", "ranks", "dataset_dir"),
     ReplayConfig: ("spill_dir", "checkpoint_dir", "resume", "vocab_size"),
@@ -137,6 +137,7 @@ class ModelSection:
 class SamplingSection:
     temperature: float = 1.0
     max_new_tokens: int = 8
+    stop: list[str] = field(default_factory=list)  # strings that end a completion, kept in it (both backends)
 
 
 @dataclass
@@ -370,7 +371,8 @@ def actor_config_problems(cfg: RunConfig) -> list[str]:
     """What each actor's own config refuses (its ``__post_init__``), found before any actor starts."""
     groups = {
         "env.args": lambda: EnvConfig(tokenizer_path="", policy_id=cfg.run.policy_id, **built_args(cfg.env.args)),
-        "rollout": lambda: RolloutConfig(model_path="", backend=cfg.rollout.backend, **built_args(cfg.rollout.args)),
+        "rollout": lambda: RolloutConfig(model_path="", backend=cfg.rollout.backend, stop=cfg.sampling.stop,
+                                         **built_args(cfg.rollout.args)),
         "learner": lambda: LearnerConfig(model_path="", max_staleness=cfg.learner.max_staleness,
                                          checkpoint_every=cfg.learner.checkpoint_every,
                                          ranks=max(cfg.learner.ranks, 1), **run_budget(cfg),

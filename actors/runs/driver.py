@@ -44,6 +44,7 @@ from actors.runs.scaling import ScaleContext, Scaler
 from actors.observe.tensorboard import TensorBoardLog
 from actors.observe.wandb_log import WandbLog
 from actors.runs.topology import Topology, build_topology
+from actors.rollout.actor import stop_problems_with
 from streams.private_files import SHM_DIR, sweep_stale
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,11 @@ class Driver:
     def execute(self) -> dict:
         endpoint_games = self.cfg.eval.endpoint_games_per_seat
         model_path = self.model_path()
+        # the first moment the run's tokenizers are at hand (the model tidal makes is made just now)
+        members = [m.model for m in self.cfg.members() if m.model]
+        if problems := stop_problems_with([model_path, *members], self.cfg.sampling.stop,
+                                          self.cfg.sampling.max_new_tokens):
+            raise ValueError("; ".join(problems))
         self._sweep()
         self.cluster = cluster = open_cluster(self.cfg.run, self.cfg.ray)
         interrupted, control, table = False, None, None

@@ -207,7 +207,7 @@ def spawn_rollouts(cluster, cfg: RunConfig, top: Topology, joining: dict[str, in
         actors += [(group, group.rollout_name(i), RolloutConfig(
             model_path=group.model_path, policy_id=member, backend=cfg.rollout.backend,
             seed=cfg.run.seed + MEMBER_SEED_STRIDE * group.index + i, snapshot_dir=top.snapshots,
-            **built_args(cfg.rollout.args))) for i in range(start, group.rollouts_made)]
+            stop=list(cfg.sampling.stop), **built_args(cfg.rollout.args))) for i in range(start, group.rollouts_made)]
     started = cluster.spawn_many([(name, RolloutActor, rollout, {"weights": [group.weights]})
                                   for group, name, rollout in actors])
     for (group, name, _), addresses in zip(actors, started):

@@ -8,7 +8,8 @@ import pytest
 
 from actors.cli import load_config, main, migrated
 from actors.runs.config import Member, RunConfig, check
-from actors.runs.topology import plan_groups
+from actors.runs.driver import Driver
+from actors.runs.topology import Topology, plan_groups, spawn_rollouts
 
 
 def test_the_default_jobs_compose_as_typed_configs():
@@ -103,3 +104,36 @@ def test_an_answer_form_the_env_cannot_read_is_refused_naming_the_key():
         load_config(["env.args.env_name=gem:game:Mastermind-v0-easy"])  # the default form, on a GEM env
     with pytest.raises(ValueError, match=r"env.args: format_penalty must be a finite number, not nan"):
         load_config(["env.args.format_penalty=nan"])
+
+
+def test_stop_strings_are_declared_once_under_sampling_and_reach_every_rollout_actor(tmp_path):
+    cfg = load_config(["sampling.stop=[']', '</answer>']"])
+    assert cfg.sampling.stop == ["]", "</answer>"] and load_config([]).sampling.stop == []
+    with pytest.raises(ValueError, match=r"sampling\.stop: '' is not a non-empty string"):
+        load_config(["sampling.stop=[']', '']"])
+    with pytest.raises(Exception, match=r"rollout\.args\.stop"):  # the topology fills it in from sampling.stop
+        load_config(["rollout.args.stop=[']']"])
+    spawned = []
+
+    class Cluster:
+        def spawn_many(self, actors):
+            spawned.extend(config for _, _, config, _ in actors)
+            return [{"requests": f"inproc://{name}"} for name, *_ in actors]
+
+    spawn_rollouts(Cluster(), cfg, Topology(plan_groups(cfg, "base", tmp_path)), {"main": 2})
+    assert [rollout.stop for rollout in spawned] == [["]", "</answer>"]] * 2
+
+
+def test_a_stop_string_longer_than_the_token_budget_is_refused_before_any_actor_starts(tmp_path):
+    """The run's tokenizer is at hand once the driver has its model: a stop string it encodes to more tokens than
+    sampling.max_new_tokens is refused there, naming both keys."""
+    from actors.models.tokenizer import make_tokenizer, save_tokenizer
+
+    model = tmp_path / "model"
+    save_tokenizer(make_tokenizer(["[5] You are X", "Move: [3]"], 280), model)
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))  # a tokenizer is all the check reads
+    cfg = load_config([f"model.path={model}", "sampling.stop=[']', '[5][5]']", "sampling.max_new_tokens=3",
+                       f"run.dir={tmp_path / 'runs'}", "observe.tensorboard=false"])
+    with pytest.raises(ValueError, match=r"^sampling\.stop: '\[5\]\[5\]' is 6 tokens of .*model's tokenizer, more "
+                                         r"than sampling\.max_new_tokens=3$"):
+        Driver(cfg).execute()
