@@ -276,6 +276,60 @@ def test_snapshots_are_sampled_beside_the_engine_with_their_own_weights(rig, tok
         assert picked.tolist() == pytest.approx(completion.logprobs, abs=1e-4)
 
 
+def test_stop_strings_end_a_vllm_completion_at_the_token_that_completes_them(tiny_model_dir, tokenizer):
+    """An engine with stop strings (``sampling.stop``; its own engine, so the rig's keeps none): a completion that
+    finishes ends at EOS or at the token that completes the first stop string (an odd cell's ``[1``... over two
+    tokens, or ``]``), which it keeps; one that does not was cut at the budget and holds none. The log-probs stay
+    the learner's."""
+    from actors.rollout.sampling import StopStrings
+    from actors.rollout.vllm_engine import VllmOptions, VllmSampler
+
+    odd = ["[1", "[3", "[5", "[7", "[9"]
+    stop = StopStrings.of(tokenizer, [*odd, "]"])
+    sampler = VllmSampler(str(tiny_model_dir), tokenizer.eos_token_id, options=VllmOptions(kv_cache_gib=0.25),
+                          name="stops", stop=stop)
+    prompts = boards(tokenizer, 32)
+    try:
+        async def sample_all(budget: int):
+            samples = [None] * len(prompts)
+
+            async def one(i):
+                samples[i] = await sampler.sample(prompts[i], temperature=1.5, max_tokens=budget)
+
+            async with trio.open_nursery() as nursery:
+                for i in range(len(prompts)):
+                    nursery.start_soon(one, i)
+            return samples
+
+        ends = {"stop": 0, "odd": 0, "eos": 0, "cut": 0}
+        completions = []
+        for budget in (2, 6):
+            for s in trio.run(sample_all, budget):
+                assert 1 <= len(s.tokens) == len(s.logprobs) == len(s.versions) <= budget
+                text, before = (tokenizer.decode(t, skip_special_tokens=True) for t in (s.tokens, s.tokens[:-1]))
+                assert not any(x in before for x in stop.strings), text  # nothing sampled after a stop string
+                if not s.finished:
+                    end = "cut"
+                    assert len(s.tokens) == budget and not any(x in text for x in stop.strings)
+                elif s.tokens[-1] == tokenizer.eos_token_id:
+                    end = "eos"
+                else:
+                    end = "stop"
+                    ends["odd"] += text.endswith(tuple(odd))
+                    assert any(x in text for x in stop.strings), text
+                ends[end] += 1
+                # the token where the hf sampler's check (`StopStrings`) ends a completion
+                assert stop.first_end(s.tokens) == (len(s.tokens) if end == "stop" else None)
+                completions.append(Completion(len(completions), s.tokens, s.logprobs, s.versions, s.finished))
+        print(f"vLLM with stop strings: {ends}")
+        assert ends["odd"] and ends["stop"] > ends["odd"] and ends["cut"], ends  # each way to end was seen
+        learner = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+        batch = single_turn_batch(prompts + prompts, completions, pad_id=tokenizer.pad_token_id)
+        assert behaviour_gap(learner, batch, 1.5) <= TOLERANCE
+    finally:
+        sampler.close()
+
+
 @pytest.mark.slow
 def test_an_engine_of_two_workers_loads_weights_through_the_file_or_in_memory(tiny_model_dir):
     """tensor_parallel_size=2 (vLLM's "mp" executor; its CPU build can): weights go through a file by default,
