@@ -143,7 +143,7 @@ class Driver:
         endpoint_games = self.cfg.eval.endpoint_games_per_seat
         model_path = self.model_path()
         # the first moment the run's tokenizers are at hand (the model tidal makes is made just now)
-        members = [m.model for m in self.cfg.members() if m.model]
+        members = [Path(m.model).expanduser() for m in self.cfg.members() if m.model]
         if problems := stop_problems_with([model_path, *members], self.cfg.sampling.stop,
                                           self.cfg.sampling.max_new_tokens):
             raise ValueError("; ".join(problems))
