@@ -288,13 +288,15 @@ def test_stop_strings_end_a_vllm_completion_at_the_token_that_completes_them(tin
     stop = StopStrings.of(tokenizer, [*odd, "]"])
     sampler = VllmSampler(str(tiny_model_dir), tokenizer.eos_token_id, options=VllmOptions(kv_cache_gib=0.25),
                           name="stops", stop=stop)
-    prompts = boards(tokenizer, 32)
+    prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": tokenizer.decode(board)}],
+                                                  add_generation_prompt=True, tokenize=True)["input_ids"])
+               for board in boards(tokenizer, 32)]  # through its chat template, as the env prompts it
     try:
         async def sample_all(budget: int):
             samples = [None] * len(prompts)
 
             async def one(i):
-                samples[i] = await sampler.sample(prompts[i], temperature=1.5, max_tokens=budget)
+                samples[i] = await sampler.sample(prompts[i], temperature=1.0, max_tokens=budget)
 
             async with trio.open_nursery() as nursery:
                 for i in range(len(prompts)):
@@ -325,7 +327,7 @@ def test_stop_strings_end_a_vllm_completion_at_the_token_that_completes_them(tin
         assert ends["odd"] and ends["stop"] > ends["odd"] and ends["cut"], ends  # each way to end was seen
         learner = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
         batch = single_turn_batch(prompts + prompts, completions, pad_id=tokenizer.pad_token_id)
-        assert behaviour_gap(learner, batch, 1.5) <= TOLERANCE
+        assert behaviour_gap(learner, batch, 1.0) <= TOLERANCE
     finally:
         sampler.close()
 
