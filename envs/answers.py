@@ -41,6 +41,12 @@ DEFAULT = "first_bracket"
 BOX_PARTS = re.compile(r"\\boxed\{|[{}]")  # a box's start, or any brace
 
 
+def default_stops(form: str) -> list[str]:
+    """The stop strings a completion read in ``form`` may end at (``sampling.stop`` null): the first ``]`` for
+    ``first_bracket`` (nothing after it is read); none for the others, whose answer comes last."""
+    return ["]"] if form == "first_bracket" else []
+
+
 def reads_boxes(env_name: str) -> bool:
     """Whether ``env_name`` reads its moves from ``\\boxed{}`` itself (a GEM environment) instead of brackets."""
     return env_name.startswith(GEM_PREFIX)

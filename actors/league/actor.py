@@ -31,7 +31,7 @@ from pathlib import Path
 
 import trio
 
-from streams.endpoints import Inbox, Outbox
+from streams.endpoints import Inbox
 from actors.league.face import LeagueStatistics
 from actors.league.matchmaking import ROLES, MatchmakingConfig, Payoff, check_reset_probabilities, choose_opponent, \
     pairwise_scores, reset_after_snapshot, result_problem, seat_match, snapshot_due

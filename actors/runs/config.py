@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 from actors.models.base_model import TinyModelConfig
 from actors.models.chat import prompt_format
+from envs.answers import default_stops
 from actors.models.random_model import ModelShape, random_model_config
 from actors.env.actor import EnvConfig
 from actors.league.actor import LeagueConfig
@@ -137,7 +138,8 @@ class ModelSection:
 class SamplingSection:
     temperature: float = 1.0
     max_new_tokens: int = 8
-    stop: list[str] = field(default_factory=list)  # strings that end a completion, kept in it (both backends)
+    stop: Optional[list[str]] = None  # strings that end a completion, kept in it (both backends); null: the answer
+    # form's (env.args.answer: "]" for first_bracket, none for the others: envs.answers.default_stops)
 
 
 @dataclass
@@ -367,11 +369,16 @@ def model_problems(cfg: RunConfig) -> list[str]:
     return []
 
 
+def sampling_stops(cfg: RunConfig) -> list[str]:
+    """The run's stop strings: ``sampling.stop``, or (null) the answer form's own."""
+    return list(cfg.sampling.stop) if cfg.sampling.stop is not None else default_stops(cfg.env.args.answer)
+
+
 def actor_config_problems(cfg: RunConfig) -> list[str]:
     """What each actor's own config refuses (its ``__post_init__``), found before any actor starts."""
     groups = {
         "env.args": lambda: EnvConfig(tokenizer_path="", policy_id=cfg.run.policy_id, **built_args(cfg.env.args)),
-        "rollout": lambda: RolloutConfig(model_path="", backend=cfg.rollout.backend, stop=cfg.sampling.stop,
+        "rollout": lambda: RolloutConfig(model_path="", backend=cfg.rollout.backend, stop=sampling_stops(cfg),
                                          **built_args(cfg.rollout.args)),
         "learner": lambda: LearnerConfig(model_path="", max_staleness=cfg.learner.max_staleness,
                                          checkpoint_every=cfg.learner.checkpoint_every,

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from actors.env.face import EnvFace
-from actors.runs.config import RunConfig
+from actors.runs.config import RunConfig, sampling_stops
+from actors.models.chat import chat_problems
 from actors.models.base_model import ensure_base_model, tiny_model_config
 from actors.models.random_model import ensure_random_model, random_model_config
 from actors.runs.ray_cluster import open_cluster
@@ -144,8 +145,9 @@ class Driver:
         model_path = self.model_path()
         # the first moment the run's tokenizers are at hand (the model tidal makes is made just now)
         members = [Path(m.model).expanduser() for m in self.cfg.members() if m.model]
-        if problems := stop_problems_with([model_path, *members], self.cfg.sampling.stop,
-                                          self.cfg.sampling.max_new_tokens):
+        problems = stop_problems_with([model_path, *members], sampling_stops(self.cfg), self.cfg.sampling.max_new_tokens)
+        problems += chat_problems([model_path, *members], self.cfg.prompt.template)
+        if problems:
             raise ValueError("; ".join(problems))
         self._sweep()
         self.cluster = cluster = open_cluster(self.cfg.run, self.cfg.ray)

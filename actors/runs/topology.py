@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.runs.config import RunConfig, built_args, run_budget
+from actors.runs.config import RunConfig, built_args, run_budget, sampling_stops
 from actors.env.actor import EnvActor, EnvConfig
 from actors.league.actor import LeagueActor, LeagueConfig
 from actors.learner.dataset import DATASET_DIR
@@ -207,7 +207,7 @@ def spawn_rollouts(cluster, cfg: RunConfig, top: Topology, joining: dict[str, in
         actors += [(group, group.rollout_name(i), RolloutConfig(
             model_path=group.model_path, policy_id=member, backend=cfg.rollout.backend,
             seed=cfg.run.seed + MEMBER_SEED_STRIDE * group.index + i, snapshot_dir=top.snapshots,
-            stop=list(cfg.sampling.stop), **built_args(cfg.rollout.args))) for i in range(start, group.rollouts_made)]
+            stop=sampling_stops(cfg), **built_args(cfg.rollout.args))) for i in range(start, group.rollouts_made)]
     started = cluster.spawn_many([(name, RolloutActor, rollout, {"weights": [group.weights]})
                                   for group, name, rollout in actors])
     for (group, name, _), addresses in zip(actors, started):

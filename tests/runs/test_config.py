@@ -7,7 +7,7 @@ import json
 import pytest
 
 from actors.cli import load_config, main, migrated
-from actors.runs.config import Member, RunConfig, check
+from actors.runs.config import sampling_stops, Member, RunConfig, check
 from actors.runs.driver import Driver
 from actors.runs.topology import Topology, plan_groups, spawn_rollouts
 
@@ -108,7 +108,11 @@ def test_an_answer_form_the_env_cannot_read_is_refused_naming_the_key():
 
 def test_stop_strings_are_declared_once_under_sampling_and_reach_every_rollout_actor(tmp_path):
     cfg = load_config(["sampling.stop=[']', '</answer>']"])
-    assert cfg.sampling.stop == ["]", "</answer>"] and load_config([]).sampling.stop == []
+    assert cfg.sampling.stop == ["]", "</answer>"] and load_config([]).sampling.stop is None
+    # null: the answer form's own, the first "]" for first_bracket (the default job), none where the answer comes last
+    assert sampling_stops(load_config([])) == ["]"] and sampling_stops(load_config(["sampling.stop=[]"])) == []
+    assert sampling_stops(load_config(["env.args.answer=boxed"])) == []
+    assert sampling_stops(load_config(["env.args.answer=last_bracket"])) == []
     with pytest.raises(ValueError, match=r"sampling\.stop: '' is not a non-empty string"):
         load_config(["sampling.stop=[']', '']"])
     with pytest.raises(Exception, match=r"rollout\.args\.stop"):  # the topology fills it in from sampling.stop
@@ -133,7 +137,12 @@ def test_a_stop_string_longer_than_the_token_budget_is_refused_before_any_actor_
     save_tokenizer(make_tokenizer(["[5] You are X", "Move: [3]"], 280), model)
     (model / "config.json").write_text(json.dumps({"model_type": "llama"}))  # a tokenizer is all the check reads
     cfg = load_config([f"model.path={model}", "sampling.stop=[']', '[5][5]']", "sampling.max_new_tokens=3",
-                       f"run.dir={tmp_path / 'runs'}", "observe.tensorboard=false"])
+                       f"run.dir={tmp_path / 'runs'}", "observe.tensorboard=false", "prompt.template=raw"])
     with pytest.raises(ValueError, match=r"^sampling\.stop: '\[5\]\[5\]' is 6 tokens of .*model's tokenizer, more "
                                          r"than sampling\.max_new_tokens=3$"):
+        Driver(cfg).execute()
+    # and a tokenizer with no chat template, where the prompt renders through one (the default), at the same moment
+    cfg = load_config([f"model.path={model}", f"run.dir={tmp_path / 'runs'}", "observe.tensorboard=false"])
+    with pytest.raises(ValueError, match=r"^prompt\.template=chat renders through the model's chat template, and "
+                                         r".*model's tokenizer has none \(choose prompt\.template=raw"):
         Driver(cfg).execute()
