@@ -10,8 +10,13 @@ Ray, ZeroMQ streams). Prints a table, writes `staleness.png` and `staleness.json
 and ends with one line:
 
     decoupled_eta4_vs_eta0=<mean final at eta 4 / at eta 0, decoupled> decoupled_min_final=<the lowest final of
-    any decoupled run at eta <= 4> naive_eta4_vs_eta0=<the same ratio, naive> auto_vs_eta0=<decoupled with
-    max_staleness=auto / eta 0>
+    any decoupled run at eta <= 4> [decoupled_eta8_vs_eta0=<the same at eta 8, when run>]
+    decoupled_min_final_any=<the lowest final of any decoupled run> decoupled_guard_trips=<the collapse guard's
+    trips over them> naive_eta4_vs_eta0=<the same ratio, naive> auto_vs_eta0=<decoupled with max_staleness=auto /
+    eta 0>
+
+The default job's stop strings apply (``sampling.stop`` null: the first ``]``, the move's end), so a move's tokens
+after its closing bracket are never sampled, nor trained.
 
 With ``--seeds N`` every cell runs N times (seeds 0..N-1) and the table gives each cell's mean, minimum and 95%
 interval; the ratios are of means. ``auto`` (the adaptive bound) runs with the decoupled loss only.
@@ -148,8 +153,14 @@ def main(argv: list[str]) -> int:
     ratio = {loss: table[(loss, 4)]["mean"] / max(table[(loss, 0)]["mean"], 1e-9) for loss in args.losses}
     line = []
     if "decoupled" in ratio:
-        lowest = min(r["final"] for r in results if r["loss"] == "decoupled" and r["eta"] != "auto" and r["eta"] <= 4)
+        decoupled = [r for r in results if r["loss"] == "decoupled"]
+        lowest = min(r["final"] for r in decoupled if r["eta"] != "auto" and r["eta"] <= 4)
         line += [f"decoupled_eta4_vs_eta0={ratio['decoupled']:.3f}", f"decoupled_min_final={lowest:.3f}"]
+        if ("decoupled", 8) in table:
+            eta8 = table[("decoupled", 8)]["mean"] / max(table[("decoupled", 0)]["mean"], 1e-9)
+            line.append(f"decoupled_eta8_vs_eta0={eta8:.3f}")
+        line.append(f"decoupled_min_final_any={min(r['final'] for r in decoupled):.3f}")  # any eta run, auto too
+        line.append(f"decoupled_guard_trips={sum(r['guard_trips'] for r in decoupled)}")
     if "naive" in ratio:
         line.append(f"naive_eta4_vs_eta0={ratio['naive']:.3f}")
     if ("decoupled", "auto") in table:
