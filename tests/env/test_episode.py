@@ -291,3 +291,23 @@ def test_a_game_without_the_invalid_rules_reads_an_unreadable_completion_as_writ
     rows, returns = play(["main"] * 4, Writes(lambda prompt, call: "[7]"), game=Quorum(), counts=counts,
                          answer="boxed")
     assert returns == [3.0, 1.0, 1.0, 1.0] and counts.counts["unreadable_actions"] == 4
+
+
+def test_a_completion_cut_at_its_budget_is_marked_and_costs_the_truncation_penalty():
+    """Every X move is cut (not finished): its row says so, it is counted, and truncation_penalty goes to X's rows
+    (the learner's seat) only; O's finished moves are unmarked and cost nothing."""
+
+    async def policy(prompt_ids, max_tokens, policy_id):
+        prompt = CharCodec().decode(prompt_ids)
+        board = prompt.split("\n", 1)[1]
+        tokens = CharCodec().encode(f"[{re.search(r'[1-9]', board).group()}]")
+        return Completion(0, tokens, [-0.25] * len(tokens), [3] * len(tokens), "You are O" in prompt)
+
+    counts = EpisodeCounts(2)
+    settings = EpisodeSettings("tictactoe", max_new_tokens=6, truncation_penalty=-0.1)
+    rows, returns = trio.run(lambda: play_episode(make("tictactoe"), ["main", "main"], policy, CharCodec(), settings,
+                                                  episode_id="e-0", seed=7, learner="main", counts=counts))
+    assert [r[Columns.ACTION_TRUNCATED] for r in rows] == [True, False] * 3 + [True]
+    assert counts.counts["truncated_actions"] == 4
+    assert returns == pytest.approx([1.0 - 0.4, -1.0])  # X won, and paid for its four cut moves
+    assert [r[Columns.REWARD] for r in rows if r[Columns.AGENT] == 0] == pytest.approx([-0.1, -0.1, -0.1, 0.9])

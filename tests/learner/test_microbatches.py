@@ -190,3 +190,16 @@ def test_an_update_with_a_row_share_computes_only_the_rows_drawn():
                                  Objective(advantage="grpo_mean", row_share_by_role={"solver": 0.5}), ObjectiveState(),
                                  temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert stats["rows"] == 24 and 0 < stats["rows_trained"] < 24
+
+
+def test_a_completion_cut_at_its_token_budget_is_left_out_of_the_update_when_the_objective_masks_it():
+    batch = random_batch(rows=4, returns=[0.0, 1.0, 0.0, 1.0])
+    batch.truncated = torch.tensor([False, True, True, False])  # the rows' action_truncated
+    advantages = torch.tensor([0.5, 0.5, -0.5, -0.5])
+    assert trained_rows(Objective(), advantages, batch, reference=None).all()  # train (the default): as any row
+    masked = Objective(truncated_actions="mask")
+    assert trained_rows(masked, advantages, batch, reference=None).tolist() == [True, False, False, True]
+    assert trained_rows(Objective(truncated_actions="mask", entropy_coef=0.01), advantages, batch, None).tolist() == \
+        [True, False, False, True]
+    with pytest.raises(ValueError, match="truncated_actions must be one of train, mask, not 'drop'"):
+        Objective(truncated_actions="drop")

@@ -134,3 +134,19 @@ def test_a_spill_of_schema_version_1_is_read_with_empty_roles(tmp_path):
     assert [b.schema.equals(TRAJECTORY_SCHEMA) for b in batches] == [True]
     assert batches[0].column(C.ROLE).to_pylist() == ["", ""] and batches[0].num_rows == 2
     assert upgrade_batch(old.to_batches()[0]).to_pylist() == trajectory_table([row(1), row(2)]).to_pylist()
+
+
+def test_a_spill_of_schema_version_2_is_read_with_no_action_cut(tmp_path):
+    """A run spilled before action_truncated existed resumes: its rows come back as completions not cut."""
+    from actors.replay.spill import _read_batches
+    from streams.schema import SCHEMA_V2
+
+    old = trajectory_table([row(1), row(2)]).select([f.name for f in SCHEMA_V2]).replace_schema_metadata(
+        SCHEMA_V2.metadata)
+    path = tmp_path / "episodes-old.arrows"
+    with open(path, "wb") as f, pa.ipc.new_stream(f, SCHEMA_V2) as writer:
+        writer.write_table(old)
+    batches = list(_read_batches(path))
+    assert [b.schema.equals(TRAJECTORY_SCHEMA) for b in batches] == [True]
+    assert batches[0].column(C.ACTION_TRUNCATED).to_pylist() == [False, False] and batches[0].num_rows == 2
+    assert batches[0].column(C.ROLE).to_pylist() == old.column(C.ROLE).to_pylist()  # what it had, kept
