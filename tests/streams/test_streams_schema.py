@@ -120,33 +120,20 @@ def test_garbage_bytes_raise_schema_error(garbage):
         decode_table(garbage)
 
 
-def test_a_spill_of_schema_version_1_is_read_with_empty_roles(tmp_path):
-    """A run spilled before role and scored_by existed resumes: its episodes come back with both empty."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_spill_of_an_older_schema_is_read_with_the_newer_columns_at_their_defaults(tmp_path, version):
+    """A run spilled before role and scored_by (version 1) or action_truncated (version 2) existed resumes: its
+    episodes come back with those columns empty or false, and what the spill had, as it was."""
     from actors.replay.spill import _read_batches
-    from streams.schema import SCHEMA_V1, upgrade_batch
+    from streams.schema import SCHEMA_V1, SCHEMA_V2, upgrade_batch
 
-    old = trajectory_table([row(1), row(2)]).select([f.name for f in SCHEMA_V1]).replace_schema_metadata(
-        SCHEMA_V1.metadata)
+    schema = {1: SCHEMA_V1, 2: SCHEMA_V2}[version]
+    rows = [row(1, **{C.ROLE: "" if version == 1 else "solver"}), row(2)]
+    old = trajectory_table(rows).select([f.name for f in schema]).replace_schema_metadata(schema.metadata)
     path = tmp_path / "episodes-old.arrows"
-    with open(path, "wb") as f, pa.ipc.new_stream(f, SCHEMA_V1) as writer:
+    with open(path, "wb") as f, pa.ipc.new_stream(f, schema) as writer:
         writer.write_table(old)
     batches = list(_read_batches(path))
-    assert [b.schema.equals(TRAJECTORY_SCHEMA) for b in batches] == [True]
-    assert batches[0].column(C.ROLE).to_pylist() == ["", ""] and batches[0].num_rows == 2
-    assert upgrade_batch(old.to_batches()[0]).to_pylist() == trajectory_table([row(1), row(2)]).to_pylist()
-
-
-def test_a_spill_of_schema_version_2_is_read_with_no_action_cut(tmp_path):
-    """A run spilled before action_truncated existed resumes: its rows come back as completions not cut."""
-    from actors.replay.spill import _read_batches
-    from streams.schema import SCHEMA_V2
-
-    old = trajectory_table([row(1), row(2)]).select([f.name for f in SCHEMA_V2]).replace_schema_metadata(
-        SCHEMA_V2.metadata)
-    path = tmp_path / "episodes-old.arrows"
-    with open(path, "wb") as f, pa.ipc.new_stream(f, SCHEMA_V2) as writer:
-        writer.write_table(old)
-    batches = list(_read_batches(path))
-    assert [b.schema.equals(TRAJECTORY_SCHEMA) for b in batches] == [True]
-    assert batches[0].column(C.ACTION_TRUNCATED).to_pylist() == [False, False] and batches[0].num_rows == 2
-    assert batches[0].column(C.ROLE).to_pylist() == old.column(C.ROLE).to_pylist()  # what it had, kept
+    assert [b.schema.equals(TRAJECTORY_SCHEMA) for b in batches] == [True] and batches[0].num_rows == 2
+    assert batches[0].column(C.ACTION_TRUNCATED).to_pylist() == [False, False]
+    assert upgrade_batch(old.to_batches()[0]).to_pylist() == trajectory_table(rows).to_pylist()
