@@ -41,7 +41,7 @@ class TinyModelConfig:
     vocab_size: int = 320
     # separate input and output embeddings: RL updates of the output side leave the reading of the board alone
     tie_embeddings: bool = False
-    max_positions: int = 256
+    max_positions: int = 1024  # the context it declares (a Secret Keeper prompt is 400-500 of its tokens)
     warmup_env: str = "tictactoe"
     warmup_env_args: dict = field(default_factory=dict)
     warmup_expert_share: float = 0.0  # share of demonstration moves from the env's expert_action(), if it has one
