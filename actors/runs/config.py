@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from actors.models.base_model import TinyModelConfig
 from actors.models.chat import prompt_format
-from envs.answers import default_stops
+from envs.answers import THINK, default_stops
 from actors.models.random_model import ModelShape, random_model_config
 from actors.env.actor import EnvConfig
 from actors.league.actor import LeagueConfig
@@ -348,9 +348,9 @@ def prompt_problems(cfg: RunConfig) -> list[str]:
         fmt = prompt_format(p.template, p.history, p.system)
     except ValueError as error:
         return [str(error)]
-    if fmt.answer and fmt.answer != cfg.env.args.answer:
+    if fmt.answer and fmt.answer != cfg.env.args.answer.removeprefix(THINK):  # think_<form>: <form> after </think>
         return [f"prompt.template={p.template} asks for the answer in the form {fmt.answer}, but env.args.answer="
-                f"{cfg.env.args.answer} reads another: set env.args.answer={fmt.answer}"]
+                f"{cfg.env.args.answer} reads another: set env.args.answer={fmt.answer} (or {THINK}{fmt.answer})"]
     if p.max_context_tokens is not None and p.max_context_tokens <= cfg.sampling.max_new_tokens:
         return [f"prompt.max_context_tokens={p.max_context_tokens} leaves no room for a prompt and "
                 f"sampling.max_new_tokens={cfg.sampling.max_new_tokens}"]

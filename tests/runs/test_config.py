@@ -146,3 +146,16 @@ def test_a_stop_string_longer_than_the_token_budget_is_refused_before_any_actor_
     with pytest.raises(ValueError, match=r"^prompt\.template=chat renders through the model's chat template, and "
                                          r".*model's tokenizer has none \(choose prompt\.template=raw"):
         Driver(cfg).execute()
+
+
+def test_a_named_template_needs_the_answer_form_it_asks_for_and_the_prompt_keys_are_checked_when_composed():
+    assert load_config(["prompt.template=spiral", "env.args.answer=boxed"]).prompt.template == "spiral"
+    assert load_config(["prompt.template=spiral", "env.args.answer=think_boxed"]).env.args.answer == "think_boxed"
+    with pytest.raises(ValueError, match=r"prompt.template=spiral asks for the answer in the form boxed, but "
+                                         r"env.args.answer=first_bracket reads another: set env.args.answer=boxed"):
+        load_config(["prompt.template=spiral"])
+    with pytest.raises(ValueError, match=r"prompt.template='nope': choose one of chat, raw, spiral"):
+        load_config(["prompt.template=nope"])
+    with pytest.raises(ValueError, match=r"prompt.max_context_tokens=8 leaves no room for a prompt and "
+                                         r"sampling.max_new_tokens=8"):
+        load_config(["prompt.max_context_tokens=8"])
