@@ -23,8 +23,8 @@ def run(script: str, tmp_path, *args, folder: Path = BENCHMARKS) -> list[str]:
 @pytest.mark.timeout(600)
 def test_staleness_quick(tmp_path):
     lines = run("staleness.py", tmp_path)
-    assert re.fullmatch(r"decoupled_eta4_vs_eta0=[\d.]+ decoupled_min_final=[\d.]+ naive_eta4_vs_eta0=[\d.]+ "
-                        r"auto_vs_eta0=[\d.]+", lines[-1]), lines[-1]
+    assert re.fullmatch(r"decoupled_eta4_vs_eta0=[\d.]+ decoupled_min_final=[\d.]+ decoupled_min_final_any=[\d.]+ "
+                        r"decoupled_guard_trips=\d+ naive_eta4_vs_eta0=[\d.]+ auto_vs_eta0=[\d.]+", lines[-1]), lines[-1]
     assert (tmp_path / "staleness.png").exists()
     # every run kept its bound: no trained token is older than eta (auto: than its ceiling, 4 by default)
     import json
