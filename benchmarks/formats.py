@@ -108,7 +108,8 @@ def run_job(stop: bool, minutes: float, out: Path, quick: bool, extra: list[str]
     overrides = [f"run.minutes={minutes}", "run.progress=false", "eval.every_s=0", f"run.dir={out}",
                  f"run.name={'stop' if stop else 'nostop'}", "sampling.stop=" + ('["]"]' if stop else "[]")]
     if quick:
-        overrides += ["run.mode=local", "eval.endpoint_games_per_seat=10"]
+        overrides += ["run.mode=local", "eval.endpoint_games_per_seat=10", "model.tiny.warmup_steps=30",
+                      "model.tiny.warmup_games=200"]
     summary = launch(load_config(overrides + extra))
     return {"stop": stop, "turns": summary["turns"], "tokens": summary["tokens"],
             "tokens_per_move": summary["tokens"] / max(summary["turns"], 1),

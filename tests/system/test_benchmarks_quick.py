@@ -197,3 +197,22 @@ def test_observability_quick(tmp_path):
                          r"parquet_match=([01])", lines[-1])
     assert found, lines[-1]
     assert int(found[2]) >= 20 and found[5] == "1" and found[3] == found[4] != "0"
+
+
+def test_formats_renders_every_history_mode_as_apply_chat_template_does():
+    """benchmarks/formats.py's template_match, in process: both templates, every history mode, with and without a
+    system message, three turns of a game played through play_episode."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("formats", BENCHMARKS / "formats.py")
+    formats = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(formats)
+    match, cases = formats.template_match()
+    assert match == 1 and len(cases) == 12 and all(c["matched"] == c["turns"] == 3 for c in cases)
+
+
+@pytest.mark.slow  # two short runs of the default job: the harness's output only
+@pytest.mark.timeout(600)
+def test_formats_quick(tmp_path):
+    lines = run("formats.py", tmp_path)
+    assert re.fullmatch(r"template_match=1 tokens_per_move_ratio=[\d.]+ episodes_per_s_ratio=[\d.]+", lines[-1])
