@@ -63,7 +63,8 @@ def test_round_trip_keeps_every_column():
     assert table.schema.equals(TRAJECTORY_SCHEMA, check_metadata=True)
     decoded = decode_table(encode_table(table))
     assert decoded.schema.equals(TRAJECTORY_SCHEMA, check_metadata=True)
-    assert decoded.to_pylist() == [{C.ROLE: "", C.SCORED_BY: "", **r} for r in rows]  # left out: empty
+    assert decoded.to_pylist() == [{C.ROLE: "", C.SCORED_BY: "", C.ACTION_TRUNCATED: False, **r}
+                                   for r in rows]  # left out: empty, or false
     assert decoded.column(C.ACTION_IDS).to_pylist() == [[], [5], [5, 6]]
 
 
@@ -80,10 +81,10 @@ def test_empty_table_round_trips():
 
 
 def test_other_version_is_rejected():
-    table = trajectory_table([row(1)]).replace_schema_metadata({b"tidal.schema_version": b"3"})
-    with pytest.raises(SchemaError, match="trajectory schema version 3, expected 2"):
+    table = trajectory_table([row(1)]).replace_schema_metadata({b"tidal.schema_version": b"4"})
+    with pytest.raises(SchemaError, match="trajectory schema version 4, expected 3"):
         decode_table(ipc(table))
-    with pytest.raises(SchemaError, match="version 3"):
+    with pytest.raises(SchemaError, match="version 4"):
         encode_table(table)
 
 
