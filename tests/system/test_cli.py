@@ -53,7 +53,11 @@ def test_tidal_launch_end_to_end(backend, tiny_model_dir, tmp_path):
     # the staleness and utilisation metrics of the asynchronous learner
     trained = [r for r in rows if "staleness_hist" in r]
     assert trained and all(max(map(int, r["staleness_hist"])) <= (0 if backend == "vllm" else 3) for r in trained)
-    assert all(0 <= r["eta"] <= 3 and 0 < r["is_ess"] <= 1 for r in trained)
+    assert all(0 <= r["eta"] <= 3 for r in trained)
+    # the importance weights' ESS of every batch that trained a token (a batch whose rows all had a negligible
+    # advantage trains none, and has none)
+    assert all(0 < r["is_ess"] <= 1 if r["is_ess"] is not None else r["rows_trained"] == 0 for r in trained)
+    assert any(r["is_ess"] is not None for r in trained)
     # the guard's count, carried to the summary (the test model on batches of 8 can truly trip it: it once went
     # from 0.22 to 0.67 and 0.89 invalid moves in two batches, with vLLM)
     trips = [r["guard_trips"] for r in trained]
