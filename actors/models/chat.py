@@ -193,15 +193,14 @@ class PromptRenderer:
         return self.codec.encode_chat(text) if self.format.frame == "chat" else self.codec.encode(text)
 
 
-def chat_problems(model_paths: list, template: str) -> list[str]:
-    """A model directory whose tokenizer has no chat template, when the ``template`` renders through one."""
+def chat_problems(tokenizers: dict, template: str) -> list[str]:
+    """A model (``tokenizers``: model path -> its tokenizer) whose tokenizer has no chat template, when the
+    ``template`` renders through one."""
     if prompt_format(template).frame != "chat":
         return []
-    from transformers import AutoTokenizer
-
     return [f"prompt.template={template} renders through the model's chat template, and {path}'s tokenizer has none "
-            f"(choose prompt.template=raw, or a model with one)" for path in model_paths
-            if not getattr(AutoTokenizer.from_pretrained(path), "chat_template", None)]
+            f"(choose prompt.template=raw, or a model with one)" for path, tokenizer in tokenizers.items()
+            if not getattr(tokenizer, "chat_template", None)]
 
 
 def transcript(observation: str, earlier: list[tuple[str, str]]) -> str:

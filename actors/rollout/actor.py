@@ -189,17 +189,12 @@ def engine_problems(backend: str, temperature: float) -> list[str]:
     return []
 
 
-def stop_problems_with(model_paths, strings: list[str], max_new_tokens: int) -> list[str]:
+def stop_problems_with(tokenizers: dict, strings: list[str], max_new_tokens: int) -> list[str]:
     """The stop strings that a completion of ``max_new_tokens`` tokens could not hold: those the tokenizer of a
-    model in ``model_paths`` encodes to more tokens, said with the config's keys (the driver checks them once the
-    run's models are at hand, before any actor starts)."""
-    if not strings:
-        return []
-    from transformers import AutoTokenizer
-
+    model (``tokenizers``: model path -> its tokenizer) encodes to more tokens, said with the config's keys (the
+    driver checks them once the run's models are at hand, before any actor starts)."""
     problems = []
-    for path in dict.fromkeys(str(p) for p in model_paths):
-        tokenizer = AutoTokenizer.from_pretrained(path)
+    for path, tokenizer in tokenizers.items():
         for s in strings:
             count = len(tokenizer(s, add_special_tokens=False)["input_ids"])
             if count > max_new_tokens:

@@ -145,8 +145,12 @@ class Driver:
         model_path = self.model_path()
         # the first moment the run's tokenizers are at hand (the model tidal makes is made just now)
         members = [Path(m.model).expanduser() for m in self.cfg.members() if m.model]
-        problems = stop_problems_with([model_path, *members], sampling_stops(self.cfg), self.cfg.sampling.max_new_tokens)
-        problems += chat_problems([model_path, *members], self.cfg.prompt.template)
+        from transformers import AutoTokenizer  # each model's tokenizer once, for both checks
+
+        paths = dict.fromkeys(map(str, [model_path, *members]))
+        tokenizers = {path: AutoTokenizer.from_pretrained(path) for path in paths}
+        problems = stop_problems_with(tokenizers, sampling_stops(self.cfg), self.cfg.sampling.max_new_tokens)
+        problems += chat_problems(tokenizers, self.cfg.prompt.template)
         if problems:
             raise ValueError("; ".join(problems))
         self._sweep()
