@@ -85,19 +85,34 @@ def open_rendezvous(host: str, world: int):
 
 
 def join_group(shard: Shard, device: torch.device, rendezvous: str, store=None) -> None:
-    """Join the learner group's process group (rank 0 passes the store it opened)."""
+    """Join the learner group's process group (rank 0 passes the store it opened) on ``device``: on a GPU this
+    process's current device becomes it, and NCCL's communicator is bound to it (``device_id``). Without both, a
+    rank that sees several GPUs gets ``cuda:0`` wherever torch asks for the current device (FSDP's shards, NCCL's
+    collectives) and the group fails with NCCL's "Duplicate GPU detected"."""
     import torch.distributed as dist
 
     if store is None:
         host, port = rendezvous.rsplit(":", 1)
         store = dist.TCPStore(host, int(port), shard.world, is_master=False, timeout=GROUP_TIMEOUT)
-    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", store=store, rank=shard.rank,
-                            world_size=shard.world, timeout=GROUP_TIMEOUT)
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl" if on_gpu else "gloo", store=store, rank=shard.rank,
+                            world_size=shard.world, timeout=GROUP_TIMEOUT, device_id=device if on_gpu else None)
     control_group()
 
 
+def on_device(device: torch.device):
+    """A block in which ``device`` is the current CUDA device (on the CPU: nothing to do). The current device is
+    per thread, and a learner's methods run in whichever worker thread trio gives them: each collective method
+    sets it again (``collective``)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def shard_model(model, world: int, device: torch.device, dtype: torch.dtype) -> None:
-    """FSDP2 over the group: each transformer block (the model's ``_no_split_modules``) a unit, then the rest."""
+    """FSDP2 over the group: each transformer block (the model's ``_no_split_modules``) a unit, then the rest.
+    ``model`` may be on the CPU: each unit's parameters move to ``device`` as it is sharded, so a rank's GPU
+    never holds the whole unsharded model (only one block of it at a time)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -111,14 +126,15 @@ def shard_model(model, world: int, device: torch.device, dtype: torch.dtype) -> 
 
 
 def collective(method):
-    """A method every rank runs: rank 0 tells the others first (see the module's docstring). The method's
-    object has a ``shard``."""
+    """A method every rank runs: rank 0 tells the others first (see the module's docstring), on the rank's device
+    (``on_device``). The method's object has a ``shard`` and a ``device``."""
 
     @functools.wraps(method)
     def run(self, *args):
         if self.shard.world == 1:
-            return method(self, *args)
-        with group_failure(self.shard):
+            with on_device(self.device):
+                return method(self, *args)
+        with group_failure(self.shard), on_device(self.device):
             if self.shard.rank == 0:
                 import torch.distributed as dist
 
