@@ -90,14 +90,17 @@ def test_a_rank_trains_on_its_own_gpu_made_current_in_every_collective_in_any_th
 def test_a_rank_joins_its_group_with_its_gpu_current_and_bound_to_nccl(monkeypatch):
     import torch.distributed as dist
 
+    from actors.learner import group
+
     calls = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
     monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: calls.append(("init", kwargs)))
-    join_group(Shard(1, 2), torch.device("cuda:1"), "host:1", store="store")
+    monkeypatch.setattr(group, "proved_members", lambda shard, secret: None)  # no group to prove anything to
+    join_group(Shard(1, 2), torch.device("cuda:1"), "secret@host:1", store="store")
     assert calls[0] == ("set_device", torch.device("cuda:1"))  # before NCCL, FSDP or the mesh ask for it
     assert calls[1][1]["backend"] == "nccl" and calls[1][1]["device_id"] == torch.device("cuda:1")
     calls.clear()
-    join_group(Shard(1, 2), torch.device("cpu"), "host:1", store="store")
+    join_group(Shard(1, 2), torch.device("cpu"), "secret@host:1", store="store")
     assert [name for name, _ in calls] == ["init"] and calls[0][1]["backend"] == "gloo"
     assert calls[0][1]["device_id"] is None
 
