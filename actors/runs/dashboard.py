@@ -4,11 +4,16 @@ It reads what the run writes (``metrics.jsonl``, ``summary.json``, ``control.jso
 dataset's files) and needs no Ray: versions and rates, the learner's busy and the rollout actors' idle fractions,
 queues, a histogram of the staleness of every token trained so far, actors per kind with their restarts, scaling
 events, the last evaluations and, in a league, its ratings.
+
+What it reads is data, whoever wrote it: every value is shown as plain text (``cell``: no rich markup, control
+characters removed, so no escape sequence reaches the terminal), and a row or a field of the wrong shape is shown
+as missing, never an error.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -16,11 +21,13 @@ from rich.console import Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from actors.learner.dataset import DATASET_DIR
 from actors.runs.control import CONTROL_FILE
 
 BAR_WIDTH = 40
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 and C1 control characters: ESC, BEL, CSI, OSC, ...
 
 
 def read_rows(run_dir: Path) -> list[dict]:
@@ -30,9 +37,11 @@ def read_rows(run_dir: Path) -> list[dict]:
     if path.exists():
         for line in path.read_text().splitlines():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
-                pass
+                continue
+            if isinstance(row, dict):  # anything else is not a metrics row
+                rows.append(row)
     return rows
 
 
@@ -52,6 +61,20 @@ def fmt(value, digits: int = 3) -> str:
     return str(value)
 
 
+def cell(value, digits: int = 3) -> Text:
+    """``value`` as it is shown: plain text (rich would read a string as markup), no control character."""
+    return Text(CONTROL.sub("", fmt(value, digits)))
+
+
+def mapping(value) -> dict:
+    """``value`` if it is a dict (a field of a row that may have been written by anyone), else empty."""
+    return value if isinstance(value, dict) else {}
+
+
+def number(value, default: float = 0.0) -> float:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
 def figures(row: dict, run_dir: Path) -> Table:
     table = Table(title="run", show_header=False, box=None)
     dataset = list((run_dir / DATASET_DIR).glob("*/*/batch-*.parquet"))
@@ -63,12 +86,12 @@ def figures(row: dict, run_dir: Path) -> Table:
                        ("rollout idle", "rollout_idle"), ("queued requests", "queue_requests"),
                        ("replay buffered", "queue_replay"), ("live episodes", "live_episodes")):
         if label == "elapsed (min)":
-            value = fmt(row.get("elapsed_s", 0.0) / 60, 1)
+            value = fmt(number(row.get("elapsed_s")) / 60, 1)
         elif label.startswith("staleness"):
             value = f"{fmt(row.get('staleness_mean'), 2)} / {fmt(row.get('staleness_max'))}"
         else:
             value = fmt(row.get(key))
-        table.add_row(label, value)
+        table.add_row(label, cell(value))
     table.add_row("dataset batches", str(len(dataset)))
     return table
 
@@ -77,21 +100,24 @@ def actors_table(row: dict, summary: dict) -> Table:
     table = Table(title="actors")
     for column in ("kind", "count", "restarts"):
         table.add_column(column)
-    restarts = row.get("restarts_by_actor") or summary.get("restarts") or {}
+    restarts = mapping(row.get("restarts_by_actor")) or mapping(summary.get("restarts"))
     for kind, count in (("rollout", row.get("rollout_actors")), ("env", row.get("env_actors")),
                         ("learner", 1), ("replay", 1), ("reward", 1)):
-        table.add_row(kind, fmt(count), str(sum(n for name, n in restarts.items() if name.startswith(kind))))
-    table.add_row("all", "", f"{row.get('restarts', 0)} (scale events: {row.get('scale_events', 0)})")
-    table.add_row("faults", "", f"rejected {row.get('rejected_episodes', 0)} episodes, reissued "
-                                f"{row.get('reissued_requests', 0)}, duplicates {row.get('duplicate_completions', 0)}, "
-                                f"dropped frames {row.get('dropped_frames', 0)}")
+        table.add_row(kind, cell(count), cell(sum(number(n) for name, n in restarts.items()
+                                                  if str(name).startswith(kind))))
+    table.add_row("all", "", cell(f"{fmt(row.get('restarts', 0))} (scale events: {fmt(row.get('scale_events', 0))})"))
+    table.add_row("faults", "", cell(f"rejected {fmt(row.get('rejected_episodes', 0))} episodes, reissued "
+                                     f"{fmt(row.get('reissued_requests', 0))}, duplicates "
+                                     f"{fmt(row.get('duplicate_completions', 0))}, dropped frames "
+                                     f"{fmt(row.get('dropped_frames', 0))}"))
     return table
 
 
 def staleness_histogram(counts: dict) -> Table:
     """Every token trained so far, by its staleness (versions behind the learner)."""
     table = Table(title="staleness of trained tokens", show_header=False, box=None)
-    values = sorted((int(k), int(n)) for k, n in (counts or {}).items())
+    values = sorted((int(k), int(n)) for k, n in mapping(counts).items()
+                    if str(k).lstrip("-").isdigit() and isinstance(n, int) and not isinstance(n, bool))
     total = sum(n for _, n in values) or 1
     top = max((n for _, n in values), default=1) or 1
     for staleness, n in values:
@@ -103,22 +129,23 @@ def evaluations_table(rows: list[dict], last: int = 6) -> Table:
     table = Table(title="last evaluations")
     for column in ("minute", "tag", "player", "opponent", "non-loss", "by seat", "wins", "invalid"):
         table.add_column(column)
-    for e in [r["evaluation"] for r in rows if r.get("evaluation")][-last:]:
-        seats = " ".join(f"{s}:{v:.2f}" for s, v in e.get("nonloss_by_seat", {}).items())
-        table.add_row(fmt(e.get("minute"), 1), str(e.get("tag")), str(e.get("player", "")), str(e.get("opponent")),
-                      fmt(e.get("nonloss")), seats, fmt(e.get("win_rate")), fmt(e.get("invalid_rate")))
+    for e in [mapping(r.get("evaluation")) for r in rows if mapping(r.get("evaluation"))][-last:]:
+        seats = " ".join(f"{s}:{fmt(v, 2)}" for s, v in mapping(e.get("nonloss_by_seat")).items())
+        table.add_row(cell(e.get("minute"), 1), cell(e.get("tag")), cell(e.get("player", "")), cell(e.get("opponent")),
+                      cell(e.get("nonloss")), cell(seats), cell(e.get("win_rate")), cell(e.get("invalid_rate")))
     return table
 
 
 def league_table(row: dict) -> Table | None:
-    if not row.get("ratings"):
+    ratings = mapping(row.get("ratings"))
+    if not ratings:
         return None
-    table = Table(title=f"league ({row.get('matches', 0)} matches)")
+    table = Table(title=cell(f"league ({fmt(row.get('matches', 0))} matches)"))
     for column in ("player", "rating (ordinal)", "version"):
         table.add_column(column)
-    versions = row.get("versions", {})
-    for player, rating in sorted(row["ratings"].items(), key=lambda item: -item[1]):
-        table.add_row(player, fmt(rating, 2), fmt(versions.get(player)))
+    versions = mapping(row.get("versions"))
+    for player, rating in sorted(ratings.items(), key=lambda item: -number(item[1])):
+        table.add_row(cell(player), cell(rating, 2), cell(versions.get(player)))
     return table
 
 
@@ -127,9 +154,12 @@ def render(run_dir: str | Path):
     run_dir = Path(run_dir)
     rows = read_rows(run_dir)
     summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    try:
+        summary = mapping(json.loads(summary_path.read_text())) if summary_path.exists() else {}
+    except json.JSONDecodeError:
+        summary = {}
     row = rows[-1] if rows else {}
-    title = f"tidal top: {run_dir.name} ({run_state(run_dir)}, {len(rows)} metrics rows)"
+    title = cell(f"tidal top: {run_dir.name} ({run_state(run_dir)}, {len(rows)} metrics rows)")
     if not rows:
         return Panel("no metrics yet: the run is starting", title=title)
     side = Table.grid(padding=(0, 4))
