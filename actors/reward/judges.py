@@ -20,7 +20,10 @@ Batched and asynchronous: ``score`` queues an episode's prompts and waits; one b
 up to ``batch_size`` prompts, waiting at most ``max_wait_s`` for more after the first, and runs the model on them in
 one call in a worker thread (``trio.to_thread``), so the reward actor goes on receiving meanwhile. A batch that
 raises (``error``) or takes longer than ``timeout_s`` (``timeout``: its thread is abandoned) leaves every episode in
-it unscored; so does a prompt whose score is unparsable or not finite. Unscored, never zero: the reward actor counts
+it unscored; so does a prompt whose score is unparsable or not finite. One judge call runs at a time: a batch that
+comes while an abandoned call still runs waits for it (within its own ``timeout_s``) before it starts its own, so
+a judge slower than the timeout is not called again and again on the same model in threads nobody waits for
+(``abandoned_calls`` counts the calls given up on). Unscored, never zero: the reward actor counts
 such an episode and passes nothing of it on.
 
 Scores are tagged (``scored_by``) with the judge's identity, ``judge:<model directory name>@<hash>``: the hash is
@@ -208,7 +211,9 @@ class JudgeScorer:
         self.cfg, self.judge, self.scored_by, self.decode = cfg, judge, scored_by, decode
         self.concurrency = 2 * cfg.batch_size  # one batch gathers while the one before it is judged
         self._queue: trio.MemorySendChannel | None = None
-        self._stats = {"batches": 0, "judged": 0, "judge_s": 0.0, "largest_batch": 0}
+        self._stats = {"batches": 0, "judged": 0, "judge_s": 0.0, "largest_batch": 0, "abandoned_calls": 0}
+        self._idle = trio.Event()  # set while no judge call runs (a call's own event, set when it returns)
+        self._idle.set()
 
     @classmethod
     def from_config(cls, reward_cfg) -> "JudgeScorer":
@@ -259,14 +264,23 @@ class JudgeScorer:
                                         prompt=prompt, response=row[Columns.ACTION_TEXT] or "")
 
     async def _judge(self, batch: list[_Prompt]) -> None:
-        started = time.monotonic()
+        started, called = time.monotonic(), False
         try:
             with trio.fail_after(self.cfg.timeout_s):
-                scores = await trio.to_thread.run_sync(self.judge, [p.text for p in batch], abandon_on_cancel=True)
+                await self._idle.wait()  # an abandoned call still running: one call at a time
+                idle = self._idle = trio.Event()
+                called = True
+                scores = await trio.to_thread.run_sync(self._call, [p.text for p in batch], idle,
+                                                       abandon_on_cancel=True)
             if len(scores) != len(batch):
                 raise ValueError(f"the judge gave {len(scores)} scores for {len(batch)} prompts")
         except trio.TooSlowError:
-            _fail(batch, "timeout", f"a batch of {len(batch)} took longer than timeout_s={self.cfg.timeout_s}")
+            if called:
+                self._stats["abandoned_calls"] += 1
+                _fail(batch, "timeout", f"a batch of {len(batch)} took longer than timeout_s={self.cfg.timeout_s}")
+            else:
+                _fail(batch, "timeout", f"the judge's call abandoned at its timeout still ran after timeout_s="
+                                        f"{self.cfg.timeout_s} more (one call at a time)")
         except Exception as error:  # the judge's failure, whatever it is: its episodes stay unscored
             _fail(batch, "error", f"{type(error).__name__}: {error}")
         else:
@@ -282,6 +296,16 @@ class JudgeScorer:
         self._stats["judged"] += len(batch)
         self._stats["judge_s"] += time.monotonic() - started
         self._stats["largest_batch"] = max(self._stats["largest_batch"], len(batch))
+
+    def _call(self, texts: list[str], idle: trio.Event) -> list[float | None]:
+        """The judge on ``texts``, in a worker thread; ``idle`` is set when it returns, even abandoned."""
+        try:
+            return self.judge(texts)
+        finally:
+            try:
+                trio.from_thread.run_sync(idle.set)
+            except trio.RunFinishedError:  # the actor's loop has ended: nobody waits
+                pass
 
     def statistics(self) -> dict:
         batches = self._stats["batches"]

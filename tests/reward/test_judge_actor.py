@@ -85,9 +85,9 @@ def test_episodes_a_judge_fails_on_never_reach_replay_and_are_counted_by_reason(
             release.wait(30)  # held until the test ends: far past timeout_s
         return [parse_reply("hmm" if "odd" in t else "[yes]") for t in texts]
 
-    stub = JudgeScorer(JudgeConfig(batch_size=1, max_wait_s=0.0, timeout_s=0.3), judge, "judge:stub@0")
+    stub = JudgeScorer(JudgeConfig(batch_size=1, max_wait_s=0.0, timeout_s=1.0), judge, "judge:stub@0")
     reward = RewardActor(RewardConfig(), scorer=stub)
-    words = ("ok", "boom", "slow", "odd", "fine")
+    words = ("ok", "boom", "odd", "fine", "slow")  # the slow one last: no call starts while it runs
     try:
         tables, stats = through_reward(reward, [episode(f"env-0-{w}", ((0, w),)) for w in words])
     finally:

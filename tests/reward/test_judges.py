@@ -117,15 +117,57 @@ def test_a_judge_that_fails_times_out_or_talks_nonsense_leaves_its_episodes_unsc
             release.wait(30)  # held until the test is done: far past timeout_s
         return [parse_reply("no idea" if "odd" in t else "[no]") for t in texts]
 
-    scorer = JudgeScorer(JudgeConfig(batch_size=1, max_wait_s=0.0, timeout_s=0.2), judge, "j")
-    try:
-        boom, slow, odd, fine = judged(scorer, *(episode(f"env-0-{w}", ((0, w),)) for w in ("boom", "slow", "odd", "ok")))
+    scorer = JudgeScorer(JudgeConfig(batch_size=1, max_wait_s=0.0, timeout_s=1.0), judge, "j")
+    try:  # the slow one last: no call starts while it runs
+        boom, odd, fine, slow = judged(scorer, *(episode(f"env-0-{w}", ((0, w),)) for w in ("boom", "odd", "ok", "slow")))
     finally:
         release.set()
     assert isinstance(boom, Unscored) and boom.reason == "error" and "fell over" in boom.detail
     assert isinstance(slow, Unscored) and slow.reason == "timeout"
     assert isinstance(odd, Unscored) and odd.reason == "unparsable"
     assert fine.column(C.REWARD).to_pylist() == [0.0] and fine.column(C.SCORED_BY).to_pylist() == ["j"]
+
+
+def test_a_judge_slower_than_its_timeout_runs_one_call_at_a_time():
+    """Batches that come while an abandoned call still runs wait for it and time out without calling the judge
+    again (a judge slower than timeout_s used to be called by every batch, each call left running in its thread);
+    once the call returns, the next batch is judged."""
+    release, calls, results = threading.Event(), [], {}
+
+    def judge(texts):
+        calls.append(texts)
+        if len(calls) == 1:
+            release.wait(60)  # the first call hangs until the test lets it go
+        return [1.0] * len(texts)
+
+    scorer = JudgeScorer(JudgeConfig(batch_size=1, max_wait_s=0.0, timeout_s=1.0), judge, "j")
+
+    async def score(name):
+        try:
+            results[name] = await scorer.score(episode(name, ((0, "x"),)))
+        except Unscored as unscored:
+            results[name] = unscored
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(scorer.run)
+            async with trio.open_nursery() as scoring:
+                for i in range(3):
+                    scoring.start_soon(score, f"env-0-{i}")
+            stuck = (len(calls), scorer.statistics()["abandoned_calls"])
+            release.set()
+            await score("env-0-9")
+            nursery.cancel_scope.cancel()
+        return stuck
+
+    try:
+        assert trio.run(main) == (1, 1)  # three batches, one call (abandoned)
+    finally:
+        release.set()
+    assert all(isinstance(results[f"env-0-{i}"], Unscored) and results[f"env-0-{i}"].reason == "timeout"
+               for i in range(3))
+    assert "still ran" in results["env-0-1"].detail
+    assert results["env-0-9"].column(C.REWARD).to_pylist() == [1.0] and len(calls) == 2
 
 
 def test_an_episode_with_one_unscored_agent_is_unscored_whole():
