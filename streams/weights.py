@@ -102,24 +102,42 @@ def chunk_crcs(data, chunk_bytes: int) -> list[int]:
     return [crc32c(view[i:i + chunk_bytes]) for i in range(0, len(view), chunk_bytes)]
 
 
+def free_bytes(directory: str | os.PathLike) -> int:
+    """Bytes this user may still write in ``directory``'s file system."""
+    stats = os.statvfs(directory)
+    return stats.f_bavail * stats.f_frsize
+
+
 class WeightsPublisher:
     """The learner's side: one file per version (the last ``keep`` kept), manifests, and a chunk server.
 
     ``directory``: where its private directory is made (this user's directories there whose owner died are
-    swept first); ``close`` removes it."""
+    swept first); ``close`` removes it. Shared memory may be small (Docker gives a container 64 MB of
+    ``/dev/shm``): a version is written only where it fits (`free_bytes`), the oldest kept one removed first if that
+    makes room (a reader that has it open keeps its bytes); where even that is not enough, or there is no
+    ``directory``, the versions go to a private directory under ``fallback`` (a disk) from then on, said once."""
 
     def __init__(self, name: str, policy_id: str, manifests: Outbox, fetch_from: str,
-                 directory: str | None = SHM_DIR, chunk_bytes: int = CHUNK_BYTES, keep: int = 2, life: int = 0):
-        if directory is None:
-            raise RuntimeError("no shared-memory directory (/dev/shm) here: pass one to WeightsPublisher")
+                 directory: str | None = SHM_DIR, chunk_bytes: int = CHUNK_BYTES, keep: int = 2, life: int = 0,
+                 fallback: str | None = None):
+        if directory is None and fallback is None:
+            raise RuntimeError("no shared-memory directory (/dev/shm) here: pass one, or a fallback, to "
+                               "WeightsPublisher")
         self.policy_id, self.manifests, self.fetch_from = policy_id, manifests, fetch_from
         self.chunk_bytes, self.keep, self.life = chunk_bytes, keep, life
-        sweep_stale(directory)
-        self.directory = private_dir(directory, f"{name}-{policy_id}")
+        self.fallback, self._tag = fallback, f"{name}-{policy_id}"
+        self.directories: list[Path] = []  # every private directory this publisher made (close removes them)
+        self.directory = self._private(directory if directory is not None else fallback)
         self._prefix = f"{name}-{policy_id}"
         self._published: dict[int, WeightsManifest] = {}  # version -> manifest, oldest first
-        self.stats = {"published": 0, "bytes_written": 0, "chunks_served": 0, "fetches_refused": 0}
+        self.stats = {"published": 0, "bytes_written": 0, "chunks_served": 0, "fetches_refused": 0,
+                      "removed_early": 0}
         self.replies = None  # the chunk replies, while `serve_chunks` runs
+
+    def _private(self, root: str) -> Path:
+        sweep_stale(root)
+        self.directories.append(private_dir(root, self._tag))
+        return self.directories[-1]
 
     @property
     def latest(self) -> WeightsManifest | None:
@@ -130,14 +148,29 @@ class WeightsPublisher:
         manifest = await trio.to_thread.run_sync(self._write, version, data)
         self._published[version] = manifest
         while len(self._published) > self.keep:  # a reader that has the file open keeps its bytes
-            old = self._published.pop(next(iter(self._published)))
-            Path(old.path).unlink(missing_ok=True)
+            self._remove_oldest()
         await self.manifests.send(manifest.to_body())
         self.stats["published"] += 1
         self.stats["bytes_written"] += len(data)
         return manifest
 
+    def _remove_oldest(self) -> None:
+        old = self._published.pop(next(iter(self._published)))
+        Path(old.path).unlink(missing_ok=True)
+
+    def _make_room(self, size: int) -> None:
+        """Room in ``directory`` for a version of ``size`` bytes (see the class's docstring)."""
+        while free_bytes(self.directory) < size and len(self._published) > 1:  # the newest stays for late readers
+            self._remove_oldest()
+            self.stats["removed_early"] += 1
+        if free_bytes(self.directory) >= size or self.fallback is None or self.directory.parent == Path(self.fallback):
+            return
+        log.warning("%s has %.1f MiB free, less than a version of the weights (%.1f MiB): they go to %s from now on",
+                    self.directory.parent, free_bytes(self.directory) / 2**20, size / 2**20, self.fallback)
+        self.directory = self._private(self.fallback)
+
     def _write(self, version: int, data: bytes) -> WeightsManifest:
+        self._make_room(len(data))
         path = write_private(self.directory, f"{self._prefix}-v{version}.safetensors", data)  # whole or not at all
         return WeightsManifest(self.policy_id, version, len(data), self.chunk_bytes,
                                chunk_crcs(data, self.chunk_bytes), host_id(), str(path), self.fetch_from, self.life)
@@ -172,7 +205,8 @@ class WeightsPublisher:
 
     def close(self) -> None:
         self._published.clear()
-        remove_private_dir(self.directory)
+        for directory in self.directories:
+            remove_private_dir(directory)
 
 
 @dataclass

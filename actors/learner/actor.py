@@ -41,6 +41,7 @@ up), published like any update and checkpointed at once; ``statistics()["resets"
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -181,7 +182,8 @@ class LearnerActor:
             self._inbox = Inbox(batches, Kind.BATCH, decode_batch)
             self._weights = weights = WeightsPublisher(
                 self.name, self.cfg.policy_id, Outbox(publisher, Kind.WEIGHTS, self.name, topic=WEIGHTS_TOPIC + policy),
-                fetch_from=fetches.address, life=self.cfg.life)
+                fetch_from=fetches.address, life=self.cfg.life,
+                fallback=self.cfg.save_dir or tempfile.gettempdir())  # where /dev/shm is too small
             versions_out = Outbox(publisher, Kind.VERSION, self.name, topic=VERSION_TOPIC + policy)
             fetch_inbox = Inbox(fetches, Kind.WEIGHTS_FETCH, WeightsFetch.from_body)
             self._streams = {"batches": self._inbox, "fetch": fetch_inbox, "publisher": versions_out}

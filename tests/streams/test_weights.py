@@ -1,6 +1,7 @@
 """Weights over real ZeroMQ sockets: versions in shared memory or in checked chunks, and late joiners."""
 
 import os
+from pathlib import Path
 
 import trio
 
@@ -70,3 +71,56 @@ def test_a_late_joiner_gets_the_latest_version_checked(tmp_path):
             nursery.cancel_scope.cancel()
 
     trio.run(test)
+
+
+class Sent:
+    """An outbox that keeps what is sent."""
+
+    def __init__(self):
+        self.bodies = []
+
+    async def send(self, body):
+        self.bodies.append(body)
+
+
+def test_small_shared_memory_drops_the_oldest_version_first_then_moves_to_the_fallback(tmp_path, monkeypatch):
+    """Docker's 64 MB /dev/shm: keeping two versions means writing a third before the oldest goes, which failed
+    (ENOSPC, a crash loop) for a model over about 20 MB. Where a version does not fit, the oldest kept one goes
+    first; where even one does not fit, the versions go to the fallback directory, on disk."""
+    from streams import weights as weights_module
+
+    shm, disk = tmp_path / "shm", tmp_path / "disk"
+    shm.mkdir()
+    disk.mkdir()
+    room = {str(shm): 2.5 * 4000}  # room for two versions of 4000 bytes, not three
+
+    def free(directory):
+        used = sum(f.stat().st_size for f in Path(directory).iterdir())
+        return int(room.get(str(Path(directory).parent), 10**9) - used)
+
+    monkeypatch.setattr(weights_module, "free_bytes", free)
+    publisher = WeightsPublisher("learner", "main", Sent(), "tcp://127.0.0.1:1", directory=str(shm),
+                                 fallback=str(disk), chunk_bytes=1000)
+
+    async def publish(versions):
+        for version in versions:
+            await publisher.publish(version, payload(version))
+
+    trio.run(publish, range(3))
+    kept = sorted(f.name for f in publisher.directory.iterdir())
+    assert kept == ["learner-main-v1.safetensors", "learner-main-v2.safetensors"]
+    assert publisher.stats["removed_early"] == 1 and publisher.directory.parent == shm
+
+    room[str(shm)] = 3000  # less than one version: the disk from now on
+    trio.run(publish, [3])
+    assert publisher.directory.parent == disk and publisher.stats["published"] == 4
+    assert Path(publisher.latest.path).read_bytes()[:2500] == bytes([3]) * 2500
+    publisher.close()
+    assert not any(shm.iterdir()) and not any(disk.iterdir())
+
+
+def test_without_shared_memory_the_fallback_directory_is_used(tmp_path):
+    publisher = WeightsPublisher("learner", "main", Sent(), "tcp://127.0.0.1:1", directory=None,
+                                 fallback=str(tmp_path))
+    assert publisher.directory.parent == tmp_path
+    publisher.close()
