@@ -15,6 +15,13 @@ an env actor, a rollout actor), in a random order at random times, each after th
 - a crash: an exception raised inside the actor's running trio loop (``ActorHost.call(CRASH)``), which ends its
   process as a bug would, and the run restarts it as after a kill.
 
+And what failed before on one node, once each: a *pair kill*, the learner (between two checkpoints) and the replay
+killed together (an OOM, a full disk), whose restarted replay must take the episodes sampled by the dead learner's
+later weights; a *hang*, one actor (reward, replay, an env or a rollout actor) stopped with SIGSTOP until the
+driver's health check finds it hung (``run.ping_timeout_s`` x ``run.ping_misses``) and restarts it, then
+resumed (SIGCONT, to a process already killed); and *drops*, a share of the episodes left unscored by the reward
+actor (``reward.args.drop_every``), whose admission must come back, or the run would stall.
+
 Meanwhile the run asks for 4 rollout actors, later 2, and for 3 env actors, later 2 (a leaving env actor first
 delivers the episodes it started). At the end every episode is accounted for by id: produced (in a ledger),
 consumed (in a batch the learner's final checkpoint had consumed), still held by replay, lost (produced and
@@ -24,6 +31,10 @@ the first metrics row, once the actor is back and the learner past its version a
 back to 75% of its mean over the last 10 rows before it. Ends with:
 
     kills=<n> crashes=<n> lost=<n> duplicated=<n> recover_s=<max seconds> scale_events=<n> staleness_max=<n>
+    pair_kills=<n> hangs=<n> drops=<n> stalled_s=<seconds>
+
+``stalled_s`` is the longest time no version advanced outside a fault's own recovery (from the fault to its
+recovery, as above).
 
 `--quick` (about four minutes): 3 minutes of training, small batches.
 """
@@ -51,6 +62,9 @@ from actors.replay.spill import account_episodes
 
 KINDS = ["reward", "replay", "learner", "env", "rollout"]
 FAULTS = ["kill", "crash"]
+HUNG_KINDS = ["reward", "replay", "env", "rollout"]  # a hang's victim (a learner's update may hold it for long)
+LIVENESS = ["run.ping_timeout_s=5", "run.ping_misses=2"]  # a hang is found within about 10 s of checks
+DROP_EVERY = 25  # the reward actor leaves one episode in this many unscored
 SCALES = [(0.2, "rollout", 4), (0.35, "env", 3), (0.55, "rollout", 2), (0.7, "env", 2)]  # (share of the budget, ...)
 QUICK = ["replay.args.batch_episodes=16", "replay.args.capacity_episodes=32", "env.args.concurrency=16",
          "eval.endpoint_games_per_seat=4", "sampling.max_new_tokens=4", "learner.checkpoint_every=5"]
@@ -58,9 +72,11 @@ QUICK_MINUTES = 3.0
 
 
 def schedule(rng: random.Random, budget_s: float) -> list[tuple[float, str, object]]:
-    """A kill and a crash of each kind at random times in the middle 5%-85% of the budget, in a random order, and
-    the scale events; sorted by time."""
-    faults = rng.sample([(fault, kind) for kind in KINDS for fault in FAULTS], len(KINDS) * len(FAULTS))
+    """A kill and a crash of each kind, a pair kill and a hang at random times in the middle 5%-85% of the budget,
+    in a random order, and the scale events; sorted by time."""
+    faults = [(fault, kind) for kind in KINDS for fault in FAULTS] + [("pair", "learner"),
+                                                                       ("hang", rng.choice(HUNG_KINDS))]
+    faults = rng.sample(faults, len(faults))
     times = sorted(rng.uniform(0.05, 0.85) * budget_s for _ in faults)
     events = [(t, fault, kind) for t, (fault, kind) in zip(times, faults)]
     events += [(share * budget_s, "scale", (kind, count)) for share, kind, count in SCALES]
@@ -126,9 +142,27 @@ def followed_new_life(run: Driver, fault: dict) -> None:
           f"{fault['rollout_versions']})", flush=True)
 
 
-def strike(name: str, fault: str) -> None:
+def strike(name: str, fault: str, run: Driver) -> None:
     if fault == "kill":
         os.kill(ray.get(ray.get_actor(name).pid.remote()), signal.SIGKILL)
+        return
+    if fault == "pair":  # the learner and its replay at once, as one node's failure takes both
+        replay = run.top.groups[run.cfg.run.policy_id].replay
+        pids = [ray.get(ray.get_actor(actor).pid.remote()) for actor in (name, replay)]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        return
+    if fault == "hang":  # stopped until the health check restarts it; then resumed (it was killed meanwhile)
+        pid = ray.get(ray.get_actor(name).pid.remote())
+        restarts = run.metrics.restarts
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: run.metrics.restarts > restarts, f"the hung {name} to be restarted")
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
         return
     try:  # raised inside its trio loop: its process ends (maybe before this call's answer)
         ray.get(ray.get_actor(name).call.remote(CRASH, "a crash injected by benchmarks/chaos.py"))
@@ -139,14 +173,14 @@ def strike(name: str, fault: str) -> None:
 def drive(run: Driver, events, rng: random.Random, runner: threading.Thread) -> list[dict]:
     """Carry out ``events`` against the running ``run``; returns the faults (actor, kind of fault, time)."""
     wait_for(lambda: run.started is not None or not runner.is_alive(), "training to start")
-    faults = []
+    faults, restarts = [], 0
     for at, what, arg in events:
         while time.time() < run.started + at and runner.is_alive():
             time.sleep(0.05)
         if not runner.is_alive():
             break
         # one thing at a time: the last restart and the last scale are done
-        wait_for(lambda: run.metrics.restarts >= len(faults), "the last restart")
+        wait_for(lambda: run.metrics.restarts >= restarts, "the last restart")
         asked = sum(1 for e in events[:events.index((at, what, arg))] if e[1] == "scale")
         wait_for(lambda: len(run.scaler.events) == asked and all("applied" in e for e in run.scaler.events),
                  "the last scale")
@@ -155,14 +189,19 @@ def drive(run: Driver, events, rng: random.Random, runner: threading.Thread) -> 
             continue
         name = victim(run, arg, rng)
         fault = {"actor": name, "fault": what, "kind": arg}
-        older = what == "kill" and arg == "learner"  # a learner restarted from an older checkpoint
+        older = what in ("kill", "pair") and arg == "learner"  # a learner restarted from an older checkpoint
         if older:
             fault.update(version=between_checkpoints(run),
                          learner_starts=len(run.recoveries[run.cfg.run.policy_id].learner_starts))
-        strike(name, what)
+        if what == "pair" and name != run.top.groups[run.cfg.run.policy_id].learner:
+            name = fault["actor"] = run.top.groups[run.cfg.run.policy_id].learner  # rank 0, beside its replay
         fault["time"] = time.time()
+        strike(name, what, run)
+        restarts += 2 if what == "pair" else 1
+        fault["restarts"] = restarts
         faults.append(fault)
-        print(f"{'killed' if what == 'kill' else 'crashed'} {name} at {time.time() - run.started:.1f} s", flush=True)
+        done = {"kill": "killed", "crash": "crashed", "pair": "killed with its replay", "hang": "hung"}[what]
+        print(f"{done} {name} at {fault['time'] - run.started:.1f} s", flush=True)
         if older:
             followed_new_life(run, fault)
     return faults
@@ -182,6 +221,19 @@ def recovery_s(rows: list[dict], killed_at: float, restarts: int) -> float | Non
     return None if row is None else row["time"] - killed_at
 
 
+def stalled_s(rows: list[dict], faults: list[dict], recoveries: list[float | None]) -> float:
+    """The longest time between two rows at which the learner's version advanced (the last stretch too) that
+    overlaps no fault's own recovery (from the fault to its recovery, or to the end where it never recovered)."""
+    windows = [(f["time"], f["time"] + (r if r is not None else float("inf"))) for f, r in zip(faults, recoveries)]
+    rows = [r for r in rows if "version" in r and "time" in r]
+    advanced = [r for i, r in enumerate(rows) if i == 0 or r["version"] > rows[i - 1]["version"]]
+    ends = [(a["time"], b["time"]) for a, b in zip(advanced, advanced[1:])]
+    if rows and advanced:
+        ends.append((advanced[-1]["time"], rows[-1]["time"]))
+    free = [end - start for start, end in ends if not any(s < end and start < e for s, e in windows)]
+    return max(free, default=0.0)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -193,7 +245,8 @@ def main() -> int:
     minutes = QUICK_MINUTES if args.quick else args.minutes
     cfg = load_config([f"run.dir={args.out}", f"run.name=chaos-{int(time.time())}", "run.progress=false",
                        "run.ledger=true", "rollout.count=1", "env.count=2", f"run.minutes={minutes}",
-                       "run.log_every_s=1", "eval.every_s=0", *(QUICK if args.quick else []), *overrides])
+                       "run.log_every_s=1", "eval.every_s=0", f"reward.args.drop_every={DROP_EVERY}", *LIVENESS,
+                       *(QUICK if args.quick else []), *overrides])
     rng = random.Random(args.seed)
     events = schedule(rng, minutes * 60)
     ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, logging_level=logging.WARNING)
@@ -211,7 +264,7 @@ def main() -> int:
     accounts = account_episodes(run.dir, summary["life"], checkpoint_cursor(run.dir / "policy", summary["life"]))
     recoveries = []
     for number, fault in enumerate(faults, 1):
-        seconds = recovery_s(rows, fault["time"], number)
+        seconds = recovery_s(rows, fault["time"], fault["restarts"])
         recoveries.append(seconds)
         shown = "not within the run" if seconds is None else f"{seconds:.1f} s"
         print(f"{fault['actor']} ({fault['fault']}): back to 75% of its episodes/s in {shown}")
@@ -225,10 +278,13 @@ def main() -> int:
     worst = max((r for r in recoveries if r is not None), default=float("nan"))
     if any(r is None for r in recoveries):
         worst = float("inf")
-    kills = sum(f["fault"] == "kill" for f in faults)
+    count = {kind: sum(f["fault"] == kind for f in faults) for kind in ("kill", "crash", "pair", "hang")}
+    drops = rows[-1].get("unscored", 0) if rows else 0
+    stalled = stalled_s(rows, faults, recoveries)
     print(f"trained tokens by staleness: {summary['staleness_hist']} (bound {cfg.learner.max_staleness})")
-    print(f"kills={kills} crashes={len(faults) - kills} lost={accounts['lost']} duplicated={accounts['duplicated']} "
-          f"recover_s={worst:.1f} scale_events={len(summary['scale_events'])} staleness_max={staleness_max}")
+    print(f"kills={count['kill']} crashes={count['crash']} lost={accounts['lost']} duplicated={accounts['duplicated']} "
+          f"recover_s={worst:.1f} scale_events={len(summary['scale_events'])} staleness_max={staleness_max} "
+          f"pair_kills={count['pair']} hangs={count['hang']} drops={drops} stalled_s={stalled:.1f}")
     ok = accounts["lost"] == 0 and accounts["duplicated"] == 0 and staleness_max <= cfg.learner.max_staleness
     return 0 if ok else 1
 
