@@ -8,6 +8,9 @@ no infinite intermediate meets a zero gradient there either. Log-probs are of th
 the engine that sampled them (mu), ``proximal_logprobs`` recomputed by the learner before the update
 (pi_prox, no gradient). Advantages are already broadcast to tokens.
 
+Statistics are 0-dim tensors, detached, on the loss's device: reading one (``float``, ``.item()``) waits for the
+GPU, so a caller that adds up many micro-batches reads them all at once (``actors/learner/update.py``).
+
 Log-probs and entropies are computed from the logits in fp32, block by block over the tokens
 (``CHUNK_ELEMENTS``): at a vocabulary of 152k (Qwen2's) an fp32 copy of the logits is 0.6 MB a token, and the
 upcast, the log-softmax and what autograd keeps of them would hold several such copies of a whole micro-batch.
@@ -117,7 +120,7 @@ def sft_loss(logits: torch.Tensor, input_ids: torch.Tensor, target_mask: torch.T
     logp = token_logprobs(logits[:, :-1], input_ids[:, 1:])
     mask = target_mask[:, 1:]
     loss = -masked_mean(logp, mask)
-    return loss, {"sft_loss": loss.item(), "tokens": int(mask.sum())}
+    return loss, {"sft_loss": loss.detach(), "tokens": mask.sum()}
 
 
 def ppo_clip_loss(
@@ -142,10 +145,10 @@ def ppo_clip_loss(
         clip_fraction = masked_mean(((ratio - 1.0).abs() > clip_eps).float(), mask)
         approx_kl = masked_mean(old_logprobs - logprobs, mask)
     stats = {
-        "pg_loss": loss.item(),
-        "clip_fraction": clip_fraction.item(),
-        "approx_kl": approx_kl.item(),
-        "ratio_mean": masked_mean(ratio.detach(), mask).item(),
+        "pg_loss": loss.detach(),
+        "clip_fraction": clip_fraction,
+        "approx_kl": approx_kl,
+        "ratio_mean": masked_mean(ratio.detach(), mask),
     }
     return loss, stats
 
@@ -160,7 +163,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.T
     """
     delta = _kept(ref_logprobs - logprobs, mask)
     k3 = torch.exp(delta) - delta - 1.0
-    return masked_mean(coefs * k3, mask), {"kl_ref": masked_mean(k3, mask).item()}
+    return masked_mean(coefs * k3, mask), {"kl_ref": masked_mean(k3, mask).detach()}
 
 
 def kl_cost_to_go(proximal_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor):
@@ -175,13 +178,13 @@ def kl_cost_to_go(proximal_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, m
     """
     per_token = _kept((proximal_logprobs - ref_logprobs) * mask, mask)
     to_go = _kept(per_token.flip(-1).cumsum(-1).flip(-1) * mask, mask)
-    return to_go, {"kl_ref": (per_token.sum() / mask.sum().clamp(min=1)).item()}
+    return to_go, {"kl_ref": (per_token.sum() / mask.sum().clamp(min=1)).detach()}
 
 
 def reinforce_loss(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor):
     """REINFORCE (Williams 1992): L = -E_t[A_t log pi_theta(a_t)]; on-policy, no correction."""
     loss = -masked_mean(_kept(advantages, mask) * _kept(logprobs, mask), mask)
-    return loss, {"pg_loss": loss.item()}
+    return loss, {"pg_loss": loss.detach()}
 
 
 def decoupled_ppo_loss(
@@ -225,12 +228,12 @@ def decoupled_ppo_loss(
         clip_fraction = masked_mean(((ratio - 1.0).abs() > clip_eps).float(), kept)
         tokens = mask.sum().clamp(min=1)
         stats = {
-            "pg_loss": loss.item(),
-            "clip_fraction": clip_fraction.item(),
-            "approx_kl": masked_mean(proximal_logprobs - logprobs, kept).item(),
-            "is_weight_mean": masked_mean(weights, kept).item(),
-            "is_weight_max": float(weights[kept].max()) if kept.any() else 0.0,
-            "is_outside_share": float(outside.sum() / tokens),  # masked or clamped
+            "pg_loss": loss.detach(),
+            "clip_fraction": clip_fraction,
+            "approx_kl": masked_mean(proximal_logprobs - logprobs, kept),
+            "is_weight_mean": masked_mean(weights, kept),
+            "is_weight_max": torch.where(kept, weights, 0.0).max(),  # weights >= 0: 0 with no token kept
+            "is_outside_share": outside.sum() / tokens,  # masked or clamped
         }
     return loss, stats
 
@@ -255,10 +258,10 @@ def truncated_is_loss(
     loss = -masked_mean(weights * _kept(advantages, mask) * _kept(logprobs, mask), mask)
     with torch.no_grad():
         stats = {
-            "pg_loss": loss.item(),
-            "is_weight_mean": masked_mean(weights, mask).item(),
-            "is_outside_share": masked_mean((rho > cap).float(), mask).item(),  # truncated
-            "approx_kl": masked_mean(behaviour_logprobs - logprobs, mask).item(),
+            "pg_loss": loss.detach(),
+            "is_weight_mean": masked_mean(weights, mask),
+            "is_outside_share": masked_mean((rho > cap).float(), mask),  # truncated
+            "approx_kl": masked_mean(behaviour_logprobs - logprobs, mask),
         }
     return loss, stats
 
@@ -270,4 +273,4 @@ def entropy_bonus(logits: torch.Tensor, mask: torch.Tensor, temperature: float =
     """
     entropy = per_token(functools.partial(_entropy, temperature=temperature), logits)
     value = masked_mean(entropy, mask)
-    return value, {"entropy": value.item()}
+    return value, {"entropy": value.detach()}
