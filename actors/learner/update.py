@@ -248,7 +248,9 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
 
     On a GPU every number read back to the host waits for the kernels queued before it: the statistics of a
     minibatch's micro-batches add up on the device and are read once, with its gradient norm, before the step is
-    decided (``read_floats``); a micro-batch's logits are freed before the next one's forward pass.
+    decided (``read_floats``); a micro-batch's logits are freed before the next one's forward pass. The function
+    returns once the device has finished the update (a CUDA sync), so that a caller's clock (the learner's
+    ``train_s``) times the update rather than its launch.
     """
     advantages, stats = advantages_of(objective, state, batch)
     seat_returns = {f"return_seat{s}": batch.returns[batch.seats == s].mean().item()
@@ -324,6 +326,8 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
         optimizer.step()
         step_stats.append(weighted)
     model.eval()
+    if device.type == "cuda":  # the caller's clock (the learner's train_s) then times the work, not its launch
+        torch.cuda.synchronize(device)
     kept = step_stats or skipped
     merged = {key: sum(s[key] for s in kept) / len(kept) for key in kept[0]}
     merged["skipped_steps"] = len(skipped)
