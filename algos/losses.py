@@ -7,17 +7,98 @@ no infinite intermediate meets a zero gradient there either. Log-probs are of th
 ``logprobs`` under the policy being trained (pi_theta, with gradient), ``behaviour_logprobs`` recorded by
 the engine that sampled them (mu), ``proximal_logprobs`` recomputed by the learner before the update
 (pi_prox, no gradient). Advantages are already broadcast to tokens.
+
+Statistics are 0-dim tensors, detached, on the loss's device: reading one (``float``, ``.item()``) waits for the
+GPU, so a caller that adds up many micro-batches reads them all at once (``actors/learner/update.py``).
+
+Log-probs and entropies are computed from the logits in fp32, block by block over the tokens
+(``CHUNK_ELEMENTS``): at a vocabulary of 152k (Qwen2's) an fp32 copy of the logits is 0.6 MB a token, and the
+upcast, the log-softmax and what autograd keeps of them would hold several such copies of a whole micro-batch.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+from torch.autograd.function import once_differentiable
+
+# Logits a block of log-probs or entropies is computed from at once: 128 MiB as fp32, about 220 tokens at a
+# vocabulary of 152k. Each fp32 temporary of a block (the upcast, the log-softmax, their gradients) is at most that;
+# a block is large enough that a GPU's kernels run full, and a small model's logits are one block (computed as
+# they always were).
+CHUNK_ELEMENTS = 1 << 25
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(target) under softmax(logits / temperature); logits [..., V], targets [...]."""
+    """log p(target) under softmax(logits / temperature), in fp32; logits [..., V], targets [...].
+
+    The same values and gradients as ``log_softmax(logits.float() / temperature).gather(target)`` (they are that,
+    block by block), with no fp32 copy of more than a block (``per_token``)."""
+    return per_token(functools.partial(_target_logprobs, temperature=temperature), logits, targets)
+
+
+def _target_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def _entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def per_token(fn, logits: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """``fn(logits, *inputs)`` for a function ``fn`` of each token's logits alone (logits [..., V], each of
+    ``inputs`` [...], the result fp32 [...]), computed block by block where the logits are more than
+    ``CHUNK_ELEMENTS``.
+
+    Autograd would keep every fp32 intermediate of ``fn`` over the whole tensor for the backward pass; here the
+    forward pass keeps only the logits themselves (the model's own tensor, alive anyway), and the backward pass
+    computes each block again and writes its gradient into one tensor of the logits' shape and dtype (what the
+    model's output layer needs). The cost is a second evaluation of ``fn``, elementwise work that is small beside
+    the model's passes. Each block is ``fn`` exactly as over the whole tensor, so values and gradients are the same.
+    """
+    if logits.numel() <= CHUNK_ELEMENTS or logits.dim() < 2:
+        return fn(logits, *inputs)
+    tokens, vocab = logits.shape[-2:]
+    grid = [logits.reshape(-1, tokens, vocab), *(x.reshape(-1, tokens) for x in inputs)]
+    return _Blockwise.apply(fn, *grid).reshape(logits.shape[:-1])
+
+
+def _blocks(rows: int, tokens: int, vocab: int) -> list[tuple[slice, slice]]:
+    """(rows, tokens) slices covering a [rows, tokens, vocab] grid, each at most ``CHUNK_ELEMENTS`` logits (at least
+    one token's): whole rows where a row fits, else a row's tokens in runs."""
+    if tokens * vocab <= CHUNK_ELEMENTS:
+        step = CHUNK_ELEMENTS // (tokens * vocab)
+        return [(slice(r, r + step), slice(None)) for r in range(0, rows, step)]
+    step = max(1, CHUNK_ELEMENTS // vocab)
+    return [(slice(r, r + 1), slice(t, t + step)) for r in range(rows) for t in range(0, tokens, step)]
+
+
+class _Blockwise(torch.autograd.Function):
+    """``per_token``'s evaluation: forward without a graph, block by block; backward by recomputing each block."""
+
+    @staticmethod
+    def forward(ctx, fn, logits, *inputs):
+        ctx.fn = fn
+        ctx.save_for_backward(logits, *inputs)
+        out = torch.empty(logits.shape[:-1], dtype=torch.float32, device=logits.device)
+        for rows, tokens in _blocks(*logits.shape):
+            out[rows, tokens] = fn(logits[rows, tokens], *(x[rows, tokens] for x in inputs))
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        logits, *inputs = ctx.saved_tensors
+        grad_logits = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        for rows, tokens in _blocks(*logits.shape):
+            with torch.enable_grad():
+                block = logits[rows, tokens].detach().requires_grad_()
+                value = ctx.fn(block, *(x[rows, tokens] for x in inputs))
+            grad_logits[rows, tokens], = torch.autograd.grad(value, block, grad[rows, tokens])
+        return None, grad_logits, *(None for _ in inputs)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -39,7 +120,7 @@ def sft_loss(logits: torch.Tensor, input_ids: torch.Tensor, target_mask: torch.T
     logp = token_logprobs(logits[:, :-1], input_ids[:, 1:])
     mask = target_mask[:, 1:]
     loss = -masked_mean(logp, mask)
-    return loss, {"sft_loss": loss.item(), "tokens": int(mask.sum())}
+    return loss, {"sft_loss": loss.detach(), "tokens": mask.sum()}
 
 
 def ppo_clip_loss(
@@ -64,10 +145,10 @@ def ppo_clip_loss(
         clip_fraction = masked_mean(((ratio - 1.0).abs() > clip_eps).float(), mask)
         approx_kl = masked_mean(old_logprobs - logprobs, mask)
     stats = {
-        "pg_loss": loss.item(),
-        "clip_fraction": clip_fraction.item(),
-        "approx_kl": approx_kl.item(),
-        "ratio_mean": masked_mean(ratio.detach(), mask).item(),
+        "pg_loss": loss.detach(),
+        "clip_fraction": clip_fraction,
+        "approx_kl": approx_kl,
+        "ratio_mean": masked_mean(ratio.detach(), mask),
     }
     return loss, stats
 
@@ -82,7 +163,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.T
     """
     delta = _kept(ref_logprobs - logprobs, mask)
     k3 = torch.exp(delta) - delta - 1.0
-    return masked_mean(coefs * k3, mask), {"kl_ref": masked_mean(k3, mask).item()}
+    return masked_mean(coefs * k3, mask), {"kl_ref": masked_mean(k3, mask).detach()}
 
 
 def kl_cost_to_go(proximal_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor):
@@ -97,13 +178,13 @@ def kl_cost_to_go(proximal_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, m
     """
     per_token = _kept((proximal_logprobs - ref_logprobs) * mask, mask)
     to_go = _kept(per_token.flip(-1).cumsum(-1).flip(-1) * mask, mask)
-    return to_go, {"kl_ref": (per_token.sum() / mask.sum().clamp(min=1)).item()}
+    return to_go, {"kl_ref": (per_token.sum() / mask.sum().clamp(min=1)).detach()}
 
 
 def reinforce_loss(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor):
     """REINFORCE (Williams 1992): L = -E_t[A_t log pi_theta(a_t)]; on-policy, no correction."""
     loss = -masked_mean(_kept(advantages, mask) * _kept(logprobs, mask), mask)
-    return loss, {"pg_loss": loss.item()}
+    return loss, {"pg_loss": loss.detach()}
 
 
 def decoupled_ppo_loss(
@@ -147,12 +228,12 @@ def decoupled_ppo_loss(
         clip_fraction = masked_mean(((ratio - 1.0).abs() > clip_eps).float(), kept)
         tokens = mask.sum().clamp(min=1)
         stats = {
-            "pg_loss": loss.item(),
-            "clip_fraction": clip_fraction.item(),
-            "approx_kl": masked_mean(proximal_logprobs - logprobs, kept).item(),
-            "is_weight_mean": masked_mean(weights, kept).item(),
-            "is_weight_max": float(weights[kept].max()) if kept.any() else 0.0,
-            "is_outside_share": float(outside.sum() / tokens),  # masked or clamped
+            "pg_loss": loss.detach(),
+            "clip_fraction": clip_fraction,
+            "approx_kl": masked_mean(proximal_logprobs - logprobs, kept),
+            "is_weight_mean": masked_mean(weights, kept),
+            "is_weight_max": torch.where(kept, weights, 0.0).max(),  # weights >= 0: 0 with no token kept
+            "is_outside_share": outside.sum() / tokens,  # masked or clamped
         }
     return loss, stats
 
@@ -177,10 +258,10 @@ def truncated_is_loss(
     loss = -masked_mean(weights * _kept(advantages, mask) * _kept(logprobs, mask), mask)
     with torch.no_grad():
         stats = {
-            "pg_loss": loss.item(),
-            "is_weight_mean": masked_mean(weights, mask).item(),
-            "is_outside_share": masked_mean((rho > cap).float(), mask).item(),  # truncated
-            "approx_kl": masked_mean(behaviour_logprobs - logprobs, mask).item(),
+            "pg_loss": loss.detach(),
+            "is_weight_mean": masked_mean(weights, mask),
+            "is_outside_share": masked_mean((rho > cap).float(), mask),  # truncated
+            "approx_kl": masked_mean(behaviour_logprobs - logprobs, mask),
         }
     return loss, stats
 
@@ -188,9 +269,8 @@ def truncated_is_loss(
 def entropy_bonus(logits: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0):
     """Mean entropy of the sampling distribution at the masked positions; subtract coef * it from the loss.
 
-    logits [B, T, V], mask [B, T].
+    logits [B, T, V], mask [B, T]. Computed block by block, as the log-probs are (``per_token``).
     """
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    entropy = -(logp.exp() * logp).sum(-1)
+    entropy = per_token(functools.partial(_entropy, temperature=temperature), logits)
     value = masked_mean(entropy, mask)
-    return value, {"entropy": value.item()}
+    return value, {"entropy": value.detach()}

@@ -88,7 +88,7 @@ class LearnerConfig:
     device: str = "auto"  # auto: CUDA when present, else the CPU; cpu; cuda; cuda:<i>
     dtype: str = "auto"  # what the passes compute in (auto: bf16 on a GPU, fp32 on the CPU; fp16 refused: no loss
     # scaler); parameters, gradients and optimizer state stay fp32
-    max_tokens_per_microbatch: int | None = None  # padded tokens (rows x longest) a pass takes; None: a minibatch
+    max_tokens_per_microbatch: int | None = 8192  # padded tokens (rows x longest) a pass takes; None: a minibatch
     activation_checkpointing: bool = False  # recompute each block's activations in the backward pass (less memory)
     ranks: int = 1  # learner processes training the policy data-parallel (FSDP2); this actor is rank 0
     announce_every_s: float = 1.0  # re-announce the version and weights, for late joiners and missed ones

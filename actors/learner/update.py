@@ -180,32 +180,34 @@ class ImportanceStats:
 
     def __init__(self, version: int | None = None):
         self.version = version
-        self.gap = self.tokens = self.same_gap = self.same_tokens = self.w_sum = self.w2_sum = 0.0
-        self.bins = [0.0] * IS_LOG2_BINS[2]
+        # summed on the device, read once by ``statistics``: |gap|, tokens, the same version's |gap| and tokens,
+        # sum w, sum w^2, then the histogram's bins (float64: the sums a float would have added up on the host)
+        self.totals: torch.Tensor | None = None
 
     def add(self, proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, versions: torch.Tensor) -> None:
         """One micro-batch: the log-probs of pi_prox and mu, its action tokens' ``mask`` and each token's policy
-        ``versions``, all [rows, T-1] (the positions that predict a token)."""
+        ``versions``, all [rows, T-1] (the positions that predict a token). Nothing is read back to the host."""
         gap = torch.where(mask, (proximal - behaviour).abs(), 0.0).detach()
-        self.gap += float(gap.sum())
-        self.tokens += int(mask.sum())
         # w at most e^30, so that w^2 stays finite
         w = torch.exp(torch.where(mask, (proximal - behaviour).clamp(max=30.0), 0.0)).detach()
-        self.w_sum += float(torch.where(mask, w, 0.0).sum())
-        self.w2_sum += float(torch.where(mask, w * w, 0.0).sum())
         low, high, bins = IS_LOG2_BINS
-        log_w = torch.log2(w[mask]).float().clamp(low, high - 1e-6)
-        for k, n in enumerate(torch.histc(log_w, bins=bins, min=low, max=high).tolist()):
-            self.bins[k] += n
+        # a position outside the mask goes below the histogram's range, which histc leaves out
+        log_w = torch.where(mask, torch.log2(w).float().clamp(low, high - 1e-6), low - 1.0)
         if self.version is not None:
             same = versions == self.version
-            self.same_gap += float((gap * same).sum())
-            self.same_tokens += int((mask & same).sum())
+            same_gap, same_tokens = (gap * same).sum(), (mask & same).sum()
+        else:
+            same_gap = same_tokens = gap.new_zeros(())
+        sums = [gap.sum(), mask.sum(), same_gap, same_tokens, torch.where(mask, w, 0.0).sum(),
+                torch.where(mask, w * w, 0.0).sum()]
+        added = torch.cat([torch.stack([x.double() for x in sums]),
+                           torch.histc(log_w, bins=bins, min=low, max=high).double()])
+        self.totals = added if self.totals is None else self.totals + added
 
     def statistics(self, shard: Shard = Shard()) -> dict:
         """The statistics over every rank's tokens. In a group it is a collective: every rank calls it once."""
-        gap, tokens, same_gap, same_tokens, w_sum, w2_sum, *w_bins = shard.sum(
-            [self.gap, self.tokens, self.same_gap, self.same_tokens, self.w_sum, self.w2_sum, *self.bins])
+        totals = self.totals.tolist() if self.totals is not None else [0.0] * (6 + IS_LOG2_BINS[2])
+        gap, tokens, same_gap, same_tokens, w_sum, w2_sum, *w_bins = shard.sum(totals)
         stats = {}
         if same_tokens:
             stats["logprob_gap_same_version"] = same_gap / same_tokens
@@ -243,6 +245,12 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     A minibatch whose loss or gradient norm is not finite takes no optimizer step (``skipped_steps``; its
     statistics are left out of the means): one NaN would otherwise reach every parameter. In a group every rank
     decides on the same numbers (the group's maximum of that flag, and its gradient norm): all skip it or none.
+
+    On a GPU every number read back to the host waits for the kernels queued before it: the statistics of a
+    minibatch's micro-batches add up on the device and are read once, with its gradient norm, before the step is
+    decided (``read_floats``); a micro-batch's logits are freed before the next one's forward pass. The function
+    returns once the device has finished the update (a CUDA sync), so that a caller's clock (the learner's
+    ``train_s``) times the update rather than its launch.
     """
     advantages, stats = advantages_of(objective, state, batch)
     seat_returns = {f"return_seat{s}": batch.returns[batch.seats == s].mean().item()
@@ -256,13 +264,15 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     order = torch.randperm(batch.input_ids.shape[0], generator=generator)
     lengths = batch.attention_mask.sum(1).tolist()
     loss_mask = batch.action_mask[:, 1:]
+    row_tokens = loss_mask.sum(1).tolist()  # each row's action tokens, read on the host once
     trained = microbatches.trained_rows(objective, advantages, batch, reference, generator)
-    steps = []  # per minibatch: its action tokens, those trained, and this rank's micro-batches (row indices)
+    steps = []  # per minibatch: its action tokens, those trained, and this rank's micro-batches (rows, action tokens)
     for index in torch.chunk(order, objective.minibatches):
-        kept = index[trained[index]]  # the loss stays a mean over every row's tokens: the same update
-        micro = microbatches.plan([lengths[i] for i in kept.tolist()], max_tokens_per_microbatch,
-                                  shard.world)[shard.rank]
-        steps.append((int(loss_mask[index].sum()), int(loss_mask[kept].sum()), [kept[r] if r else None for r in micro]))
+        kept = index[trained[index]].tolist()  # the loss stays a mean over every row's tokens: the same update
+        micro = microbatches.plan([lengths[i] for i in kept], max_tokens_per_microbatch, shard.world)[shard.rank]
+        steps.append((sum(row_tokens[i] for i in index.tolist()), sum(row_tokens[i] for i in kept),
+                      [(torch.tensor([kept[p] for p in r]) if r else None, sum(row_tokens[kept[p]] for p in r))
+                       for r in micro]))
 
     def micro_batch(rows):
         if rows is None:  # an empty micro-batch (a rank with fewer rows than the group's micro-batches)
@@ -275,7 +285,7 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     if objective.minibatches > 1:
         with torch.no_grad(), autocast:
             for i, (_, _, micro) in enumerate(steps):
-                for j, rows in enumerate(micro):
+                for j, (rows, _) in enumerate(micro):
                     proximal[i, j] = action_logprobs(model, micro_batch(rows), temperature)
     model.train()
     sync = getattr(model, "set_requires_gradient_sync", None)  # a sharded model: sum gradients once a step
@@ -283,29 +293,32 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
     step_stats, skipped = [], []  # the statistics of the minibatches that took a step, and of those that did not
     for i, (tokens, tokens_trained, micro) in enumerate(steps):
         optimizer.zero_grad(set_to_none=True)
-        weighted: dict[str, float] = {NONFINITE_LOSS: 0.0}
-        for j, rows in enumerate(micro):
+        weighted: dict[str, torch.Tensor] = {}  # on the device, read once the minibatch's passes are done
+        for j, (rows, mb_tokens) in enumerate(micro):
             if sync is not None:
                 sync(j == len(micro) - 1)
             mb = micro_batch(rows)
-            mask = mb.action_mask[:, 1:]  # everything that describes targets shifts by one, too
             with autocast:
                 logits = action_logits(model, mb)
             logprobs = token_logprobs(logits, mb.input_ids[:, 1:], temperature)
             prox = proximal[i, j] if proximal else logprobs.detach()
-            row_advantages = advantages[rows.cpu()] if rows is not None else torch.zeros(1)
+            row_advantages = advantages[rows] if rows is not None else torch.zeros(1)
             loss, s = _micro_loss(objective, mb, logits, logprobs, prox, row_advantages.to(device), reference,
                                   temperature, autocast)
-            share = int(mask.sum()) / max(tokens, 1)
-            weighted[NONFINITE_LOSS] = max(weighted[NONFINITE_LOSS], float(not torch.isfinite(loss.detach())))
-            (loss * share * shard.world).backward()  # the group averages gradients over its ranks
+            s[NONFINITE_LOSS] = (~torch.isfinite(loss.detach())).double()
+            (loss * (mb_tokens / max(tokens, 1)) * shard.world).backward()  # the group averages over its ranks
+            del logits, logprobs, loss  # before the next micro-batch's forward pass, not after it
             for key, value in s.items():  # statistics: means over the trained rows
-                weighted[key] = max(weighted.get(key, value), value) if key.endswith("_max") else \
-                    weighted.get(key, 0.0) + int(mask.sum()) / max(tokens_trained, 1) * value
-            importance.add(prox, mb.behaviour_logprobs[:, 1:], mask, mb.versions[:, 1:])
-        weighted = shard.merge(weighted)  # the group's: every rank reads the same numbers below
+                value = value.double()
+                weighted[key] = torch.maximum(weighted.get(key, value), value) if key.endswith("_max") else \
+                    weighted.get(key, 0.0) + mb_tokens / max(tokens_trained, 1) * value
+            importance.add(prox, mb.behaviour_logprobs[:, 1:], mb.action_mask[:, 1:], mb.versions[:, 1:])
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), objective.max_grad_norm)
-        weighted["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        weighted["grad_norm"] = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        weighted = read_floats(weighted)  # the minibatch's one wait for the device
+        norm = weighted.pop("grad_norm")
+        weighted = shard.merge(weighted)  # the group's: every rank reads the same numbers below
+        weighted["grad_norm"] = norm  # the group's already
         if weighted.pop(NONFINITE_LOSS) or not math.isfinite(weighted["grad_norm"]):
             optimizer.zero_grad(set_to_none=True)  # no step: the optimizer's moments and count stay as they were
             skipped.append(weighted)
@@ -313,12 +326,20 @@ def policy_gradient_step(model, optimizer, batch: TokenBatch, objective: Objecti
         optimizer.step()
         step_stats.append(weighted)
     model.eval()
+    if device.type == "cuda":  # the caller's clock (the learner's train_s) then times the work, not its launch
+        torch.cuda.synchronize(device)
     kept = step_stats or skipped
     merged = {key: sum(s[key] for s in kept) / len(kept) for key in kept[0]}
     merged["skipped_steps"] = len(skipped)
     return {**stats, **merged, **importance.statistics(shard), **seat_returns, "tokens": int(loss_mask.sum()),
             "rows": int(batch.input_ids.shape[0]), "rows_trained": int(trained.sum()),
             "microbatches": sum(len(m) for _, _, m in steps)}
+
+
+def read_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:
+    """0-dim tensors as Python floats, copied to the host together: one wait for a GPU instead of one each."""
+    read = torch.stack([value.double() for value in values.values()]).tolist()
+    return dict(zip(values, read))
 
 
 def _micro_loss(objective: Objective, mb: TokenBatch, logits, logprobs, proximal, advantages, reference,
