@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from actors.runs import config
 from actors.runs.config import RunConfig
 from actors.runs.driver import Driver
+from actors.runs.run_lock import RunInUse
 from actors.runs.topology import policy_dir
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -148,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         print(json.dumps(dataclasses.asdict(cfg), indent=2))
         return 0
-    summary = launch(cfg)
+    try:
+        summary = launch(cfg)
+    except RunInUse as error:  # a resume of a run whose driver is still running
+        print(f"tidal: {error}", file=sys.stderr)
+        return 2
     if cfg.league is not None:
         print_league_table(summary["run_dir"])
     else:
@@ -218,10 +223,14 @@ def top_command(run: str | None, once: bool) -> int:
 def export_command(run: str, out: str | None) -> int:
     """``tidal export``: a run's trained episodes from its spill, as the episode dataset."""
     from actors.observe.export import export_run
+    from actors.runs.run_lock import RunLock
 
     try:
-        counts = export_run(run, out)
-    except (FileNotFoundError, FileExistsError, ValueError) as error:
+        if not Path(run).expanduser().is_dir():
+            raise FileNotFoundError(f"{run} is not a run directory")
+        with RunLock(Path(run).expanduser(), "tidal export"):  # not while its driver writes the spill
+            counts = export_run(run, out)
+    except (FileNotFoundError, FileExistsError, ValueError, RunInUse) as error:
         print(f"tidal export: {error}", file=sys.stderr)
         return 2
     print(f"{counts['episodes']} trained episodes in {counts['batches']} batches written to {counts['dir']}; not "

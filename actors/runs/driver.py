@@ -11,7 +11,9 @@ scale requests. ``run.restart=false``: any dead actor ends the run, with the com
 that died more than ``run.max_restarts`` times within ``run.restart_window_s`` (restarts of one actor are spaced
 out by ``run.restart_backoff_s``, doubling).
 
-``tidal scale`` and ``tidal stop`` reach a running run through its control endpoint (``control.py``). At launch
+The driver holds the run directory's lock (``run_lock.py``) from its start to its summary: a second driver
+(a resume of a running run) is refused. ``tidal scale`` and ``tidal stop`` reach a running run through its
+control endpoint (``control.py``). At launch
 and at its end the driver sweeps the shared-memory directories of this user's processes that died (a killed
 learner's or rollout's weights: ``streams/private_files.py``).
 """
@@ -40,6 +42,7 @@ from actors.runs.handles import call_unless_dead, handle
 from actors.runs.inherited import count_inherited, release_inherited
 from actors.runs.league_steward import LeagueSteward
 from actors.observe.monitor import MetricsLog, plot_learning_curve
+from actors.runs.run_lock import RunLock
 from actors.runs.recovery import GroupRecovery, RestartLimit, RestartsExhausted, restart_env, statistics_or_recover
 from actors.runs.scaling import ScaleContext, Scaler
 from actors.observe.tensorboard import TensorBoardLog
@@ -79,6 +82,7 @@ class Driver:
         run = cfg.run
         default = ("league-" if cfg.league else "") + datetime.now().strftime("%Y%m%d-%H%M%S")
         self.dir = run_directory(Path(run.dir).expanduser(), run.name or default, resumed=cfg.resume is not None)
+        self.lock = RunLock(self.dir, "its driver")  # before anything is written there: one driver a run
         (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
         self.metrics = MetricsLog(self.dir, window_s=run.return_window_s, window_episodes=run.return_window_episodes)
         if cfg.observe.tensorboard:  # every row as TensorBoard events too, written here: the actors pay nothing
@@ -141,6 +145,13 @@ class Driver:
         return ensure_base_model(self.cfg.model.cache_dir, tiny_model_config(self.cfg))
 
     def execute(self) -> dict:
+        """The run, to its summary; its directory's lock is let go at the end, however it ends."""
+        try:
+            return self._execute()
+        finally:
+            self.lock.release()
+
+    def _execute(self) -> dict:
         endpoint_games = self.cfg.eval.endpoint_games_per_seat
         model_path = self.model_path()
         # the first moment the run's tokenizers are at hand (the model tidal makes is made just now)
