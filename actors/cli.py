@@ -29,7 +29,8 @@ def load_config(overrides: list[str], name: str = "launch") -> RunConfig:
     a contradictory config (``config.check``).
 
     ``resume=<run dir>`` continues that run instead: its own ``config.json``, with the other overrides
-    (plain ``key=value``, e.g. ``run.minutes=5``) applied on top.
+    (plain ``key=value``, e.g. ``run.minutes=5``) applied on top; the keys that reach outside the run
+    (``config.OUTSIDE_KEYS``: ``ray.address``, ``model.path``, ...) only from the command line.
     """
     refuse_moved(overrides)
     resume = [o.split("=", 1)[1] for o in overrides if o.startswith("resume=")]
@@ -71,6 +72,14 @@ def resumed_config(run_dir: str, overrides: list[str]) -> RunConfig:
     bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]
     if bad:
         raise ValueError(f"resume takes plain key=value overrides, not {', '.join(bad)}")
+    given = {o.split("=", 1)[0] for o in overrides}
+    outside = {k: v for k, v in config.outside_settings(saved).items() if k not in given}
+    if outside:  # a run directory is data: it does not choose the cluster, keys, model or services of the driver
+        again = " ".join(config.override(k, v) for k, v in outside.items())
+        raise ValueError(f"resume={run_dir}: its config.json sets {', '.join(outside)}, which a resume takes only "
+                         f"from the command line (they reach outside the run directory, which anyone who could write "
+                         f"it could have changed); if you trust them, give them again: tidal launch resume={run_dir} "
+                         f"{again}")
     cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), saved, OmegaConf.from_dotlist(overrides))
     cfg.resume, cfg.run.name, cfg.run.dir = str(path), path.name, str(path.parent)
     cfg = typed(cfg)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.env.face import EnvFace
-from actors.runs.config import RunConfig, sampling_stops
+from actors.runs.config import RunConfig, outside_settings, override, sampling_stops
 from actors.models.chat import chat_problems
 from actors.models.base_model import ensure_base_model, tiny_model_config
 from actors.models.random_model import ensure_random_model, random_model_config
@@ -244,10 +244,15 @@ class Driver:
         self.restart_limit.restarted(name)
         return self.cluster.statistics(name)
 
+    def resume_command(self) -> str:
+        """The command that continues this run, with the settings a resume takes only from its command line."""
+        command = "tidal league run" if self.cfg.league else "tidal launch"
+        outside = outside_settings(dataclasses.asdict(self.cfg))
+        return " ".join([command, f"resume={self.dir}", *(override(k, v) for k, v in outside.items())])
+
     def _give_up(self, reason: str, error: Exception) -> None:
         """End the run for ``reason``, saying how to resume it."""
-        command = "tidal league run" if self.cfg.league else "tidal launch"
-        message = f"{reason}: the run stops; continue it with `{command} resume={self.dir}`"
+        message = f"{reason}: the run stops; continue it with `{self.resume_command()}`"
         log.error(message)
         raise RuntimeError(message) from error
 
