@@ -144,6 +144,15 @@ class Spill:
         except (json.JSONDecodeError, AttributeError, TypeError) as error:
             raise ValueError(f"replay spill {path} is not a spill state: {error}") from error
 
+    def remove_partial(self) -> list[Path]:
+        """Remove the ``.partial`` files a write cut short (a kill, a full disk) left: never renamed into place, so
+        never read, but holding space. Only the spill's writer (a starting replay) calls it."""
+        removed = sorted(self.dir.glob("*.partial"))
+        for path in removed:
+            path.unlink()
+            log.warning("%s: removed, a write cut short", path)
+        return removed
+
     def own(self, episode_id: str) -> bool:
         """Whether an episode was played in this spill's life (not taken over from a previous one)."""
         return episode_life(episode_id) in ("", self.life)

@@ -173,3 +173,12 @@ def test_a_batch_line_cut_by_a_full_disk_does_not_swallow_the_next(tmp_path):
     again.add_batch(2, ["life/env-0-0-2", "life/env-0-0-3"])
     assert Spill(str(tmp_path / "life")).batches() == {1: ["life/env-0-0-1"],
                                                        2: ["life/env-0-0-2", "life/env-0-0-3"]}
+
+
+def test_a_starting_replay_removes_the_partial_files_a_cut_write_left(tmp_path):
+    spill = Spill(str(tmp_path / "life"))
+    spill.add_batch(1, ["life/env-0-0-1"])
+    for name in ("state.json.partial", "batches.jsonl.partial", "episodes-1-2.partial"):
+        (spill.dir / name).write_bytes(b"cut")
+    ReplayActor(ReplayConfig(spill_dir=str(spill.dir)))
+    assert sorted(p.name for p in spill.dir.iterdir()) == [BATCH_LOG]
