@@ -9,7 +9,9 @@ and restarted here, losing nothing and counting nothing twice, see ``recovery.py
 do its round, writes a metrics row, collects finished evaluations and starts the next when due, and carries out
 scale requests. ``run.restart=false``: any dead actor ends the run, with the command that resumes it; so does one
 that died more than ``run.max_restarts`` times within ``run.restart_window_s`` (restarts of one actor are spaced
-out by ``run.restart_backoff_s``, doubling).
+out by ``run.restart_backoff_s``, doubling). An actor that found its disk full (``host.DiskFull``) ends the run
+at once, naming the directory, the space free there and the space the run needs: no restart would fix it. The
+space is checked at start too (a warning: what a run needs beyond its checkpoints depends on how long it runs).
 
 The driver holds the run directory's lock (``run_lock.py``) from its start to its summary: a second driver
 (a resume of a running run) is refused. ``tidal scale`` and ``tidal stop`` reach a running run through its
@@ -24,6 +26,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import shutil
 import threading
 import time
 from datetime import datetime
@@ -39,6 +42,7 @@ from actors.runs.ray_cluster import open_cluster
 from actors.runs.control import ControlServer
 from actors.runs.evaluations import Evaluations
 from actors.runs.handles import call_unless_dead, handle
+from actors.runs.host import full_disk_error
 from actors.runs.inherited import count_inherited, release_inherited
 from actors.runs.league_steward import LeagueSteward
 from actors.observe.monitor import MetricsLog, plot_learning_curve
@@ -53,6 +57,7 @@ from streams.private_files import SHM_DIR, sweep_stale
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often an endpoint evaluation's results are looked for
+CHECKPOINT_COPIES = 2  # a learner's checkpoints on disk at once: the last one, and the one written to replace it
 
 
 def run_directory(root: Path, name: str, resumed: bool) -> Path:
@@ -74,6 +79,18 @@ def run_directory(root: Path, name: str, resumed: bool) -> Path:
         if k > 1:
             log.warning("%s holds another run (resume it with resume=%s): this run goes to %s", path, path, candidate)
         return candidate
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the disk of ``path`` (or of its nearest existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
 
 
 class Driver:
@@ -98,6 +115,7 @@ class Driver:
         self.target_reached_s = None
         self.training_end: dict | None = None  # the last metrics row of training, before the final evaluation
         self.restarts: dict[str, int] = {}  # actor -> times restarted after it died
+        self.base_model: Path | None = None  # once made or found (``model_path``)
         self.restart_limit = RestartLimit(run.max_restarts, run.restart_window_s, run.restart_backoff_s)
         self.training = False  # env actors may start training episodes (a restarted one is told again)
         self.top: Topology | None = None
@@ -164,6 +182,8 @@ class Driver:
         problems += chat_problems(tokenizers, self.cfg.prompt.template)
         if problems:
             raise ValueError("; ".join(problems))
+        self.base_model = model_path
+        self._check_space()
         self._sweep()
         self.cluster = cluster = open_cluster(self.cfg.run, self.cfg.ray)
         interrupted, control, table = False, None, None
@@ -256,9 +276,39 @@ class Driver:
         log.error(message)
         raise RuntimeError(message) from error
 
+    def space_needed(self) -> int:
+        """Bytes the run needs free on its directory's disk, at least: its checkpoints, each about three times the
+        base model's weights (the policy, and Adam's two moments beside it)."""
+        if self.base_model is None:
+            return 0
+        model = sum(p.stat().st_size for p in Path(self.base_model).glob("*.safetensors"))
+        return CHECKPOINT_COPIES * 3 * model
+
+    def _check_space(self) -> None:
+        free, needed = free_bytes(self.dir), self.space_needed()
+        if free < needed:
+            log.warning("%s has %s free; the run's checkpoints alone need about %s there: it will stop when the "
+                        "disk is full (then free space and resume it)", self.dir, mib(free), mib(needed))
+
+    def _full_disk(self, full, error: Exception) -> None:
+        """End the run for a full disk (``host.DiskFull``), saying where, what is free and what is needed."""
+        where = Path(full.path) if full.path else self.dir
+        self._give_up(f"{full}: a full disk is not a fault a restart fixes. {where} has {mib(free_bytes(where))} "
+                      f"free; the run needs at least {mib(self.space_needed())} free under {self.dir} for its "
+                      f"checkpoints ({CHECKPOINT_COPIES} at once, each the model's weights and optimizer state), "
+                      "more for its replay spill and episode dataset (observe.dataset=false saves that). Free space "
+                      "there", error)
+
     def _tick(self) -> dict[str, Any]:
-        """Every actor's statistics (the health check: a dead actor is restarted here); the league's round."""
-        stats = statistics_or_recover(self.cluster, self.top.names(), self.recover)
+        """Every actor's statistics (the health check: a dead actor is restarted here, one whose disk is full
+        ends the run); the league's round."""
+        try:
+            stats = statistics_or_recover(self.cluster, self.top.names(), self.recover)
+        except Exception as error:
+            full = full_disk_error(error, "driver")  # an actor's, or the driver's own
+            if full is None:
+                raise
+            self._full_disk(full, error)
         if self.steward is not None:
             self.steward.tick(stats)
         return stats
