@@ -23,6 +23,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left on the device, or the user's quota is spent
 _READ_BACK = 1 << 16  # how much of a file's tail is read at a time, looking for its last newline
+_FULL_SIGNS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT), "StorageFull", "QuotaExceeded")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -75,6 +76,8 @@ def disk_full(error: BaseException | None) -> OSError | None:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in FULL:
             return e
+        if any(sign in str(e) for sign in _FULL_SIGNS):  # said only in the message: safetensors' Rust errors,
+            return OSError(errno.ENOSPC, f"{type(e).__name__}: {str(e)[:200]}")  # torch's wrapped checkpoint errors
         pending += [*getattr(e, "exceptions", ()), e.__cause__, e.__context__]
     return None
 

@@ -62,6 +62,8 @@ def test_the_full_disk_behind_other_errors_is_found():
         group = ExceptionGroup("trio", [ValueError("other"), wrapped])
     assert disk_full(group) is full
     assert disk_full(OSError(errno.EACCES, "denied")) is None and disk_full(None) is None
+    rust = RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: \"No space\" })")
+    assert disk_full(rust).errno == errno.ENOSPC  # safetensors' error names it only in its message
     assert str(disk.where_full(full, "/runs/x")) == "/runs/x/replay"
 
 
