@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from actors.runs import config
 from actors.runs.config import RunConfig
 from actors.runs.driver import Driver
+from actors.runs.run_lock import RunInUse
 from actors.runs.topology import policy_dir
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -28,7 +29,8 @@ def load_config(overrides: list[str], name: str = "launch") -> RunConfig:
     a contradictory config (``config.check``).
 
     ``resume=<run dir>`` continues that run instead: its own ``config.json``, with the other overrides
-    (plain ``key=value``, e.g. ``run.minutes=5``) applied on top.
+    (plain ``key=value``, e.g. ``run.minutes=5``) applied on top; the keys that reach outside the run
+    (``config.OUTSIDE_KEYS``: ``ray.address``, ``model.path``, ...) only from the command line.
     """
     refuse_moved(overrides)
     resume = [o.split("=", 1)[1] for o in overrides if o.startswith("resume=")]
@@ -70,6 +72,14 @@ def resumed_config(run_dir: str, overrides: list[str]) -> RunConfig:
     bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]
     if bad:
         raise ValueError(f"resume takes plain key=value overrides, not {', '.join(bad)}")
+    given = {o.split("=", 1)[0] for o in overrides}
+    outside = {k: v for k, v in config.outside_settings(saved).items() if k not in given}
+    if outside:  # a run directory is data: it does not choose the cluster, keys, model or services of the driver
+        again = " ".join(config.override(k, v) for k, v in outside.items())
+        raise ValueError(f"resume={run_dir}: its config.json sets {', '.join(outside)}, which a resume takes only "
+                         f"from the command line (they reach outside the run directory, which anyone who could write "
+                         f"it could have changed); if you trust them, give them again: tidal launch resume={run_dir} "
+                         f"{again}")
     cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), saved, OmegaConf.from_dotlist(overrides))
     cfg.resume, cfg.run.name, cfg.run.dir = str(path), path.name, str(path.parent)
     cfg = typed(cfg)
@@ -148,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         print(json.dumps(dataclasses.asdict(cfg), indent=2))
         return 0
-    summary = launch(cfg)
+    try:
+        summary = launch(cfg)
+    except RunInUse as error:  # a resume of a run whose driver is still running
+        print(f"tidal: {error}", file=sys.stderr)
+        return 2
     if cfg.league is not None:
         print_league_table(summary["run_dir"])
     else:
@@ -218,10 +232,14 @@ def top_command(run: str | None, once: bool) -> int:
 def export_command(run: str, out: str | None) -> int:
     """``tidal export``: a run's trained episodes from its spill, as the episode dataset."""
     from actors.observe.export import export_run
+    from actors.runs.run_lock import RunLock
 
     try:
-        counts = export_run(run, out)
-    except (FileNotFoundError, FileExistsError, ValueError) as error:
+        if not Path(run).expanduser().is_dir():
+            raise FileNotFoundError(f"{run} is not a run directory")
+        with RunLock(Path(run).expanduser(), "tidal export"):  # not while its driver writes the spill
+            counts = export_run(run, out)
+    except (FileNotFoundError, FileExistsError, ValueError, RunInUse) as error:
         print(f"tidal export: {error}", file=sys.stderr)
         return 2
     print(f"{counts['episodes']} trained episodes in {counts['batches']} batches written to {counts['dir']}; not "

@@ -82,7 +82,7 @@ def main() -> int:
     first.wait()
     print(f"killed the run at version {killed_at}, {during[-1]['elapsed_s'] / 60:.1f} min into training", flush=True)
     assert not (run / "summary.json").exists()
-    second = subprocess.run([*tidal, f"resume={run}", "run.progress=false"], stdout=subprocess.DEVNULL,
+    second = subprocess.run([*tidal, f"resume={run}", "run.progress=false", *overrides],  # (model.path: only so) stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     if second.returncode != 0:
         print(second.stderr[-3000:], file=sys.stderr)

@@ -109,11 +109,13 @@ def write_private(directory: str | os.PathLike, name: str, data) -> Path:
 
 
 def open_private(path: str | os.PathLike) -> int:
-    """A read-only descriptor of the regular file ``path`` itself (a link there is refused: OSError)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """A read-only descriptor of the regular file ``path`` itself (a link there is refused: OSError). Opened
+    without blocking, so that a FIFO planted there is refused at once instead of waiting for a writer."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(f"{path} is not a regular file")
+    os.set_blocking(fd, True)
     return fd
 
 

@@ -8,6 +8,7 @@ the trajectory schema); the other builders are named for the shape they give it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import random
@@ -182,10 +183,11 @@ class TickerConfig:
 
 
 class Ticker:
-    """A toy actor: a task that counts, and one that raises once ``poke`` is called (a bug in its own loop)."""
+    """A toy actor: a task that counts, and one that raises once ``poke`` is called (a bug in its own loop; or,
+    with ``poke("disk")``, a write that met a full disk)."""
 
     def __init__(self, cfg, name: str = "ticker"):
-        self.name, self.ticks, self._poked = name, 0, None
+        self.name, self.ticks, self._poked, self._fault = name, 0, None, "bug"
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self._poked = trio.Event()
@@ -198,9 +200,12 @@ class Ticker:
 
     async def _fail_when_poked(self) -> None:
         await self._poked.wait()
+        if self._fault == "disk":
+            raise OSError(errno.ENOSPC, "No space left on device", "/runs/r/replay/life/batches.jsonl")
         raise ValueError("a bug in the ticker")
 
-    def poke(self) -> None:
+    def poke(self, fault: str = "bug") -> None:
+        self._fault = fault
         self._poked.set()
 
     def statistics(self) -> dict:

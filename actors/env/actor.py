@@ -48,6 +48,7 @@ from actors.league.matchmaking import WEIGHTINGS, Payoff
 from actors.env.matches import Match, MatchSource, SelfPlayMatches, open_league_matches, seated, uniform_seats
 from envs.answers import answer_problem
 from envs.registry import OPPONENTS, make
+from streams.disk import append_line
 from streams.endpoints import Inbox, open_outboxes
 from streams.messages import VERSION_TOPIC, VersionAnnounced
 from streams.schema import Columns
@@ -347,8 +348,7 @@ class EnvActor:
 
     async def _record_delivery(self, learner: str, episode_id: str) -> None:
         await self._episodes[learner].channel.drain()  # the reward actor has it, and replay before it acknowledged
-        with open(f"{self.cfg.ledger_dir}/{self.name}.txt", "a") as f:
-            f.write(episode_id + "\n")
+        append_line(f"{self.cfg.ledger_dir}/{self.name}.txt", episode_id)  # whole lines, even on a full disk
 
     async def _evaluate(self, tally: EvaluationTally, matches: Iterator[tuple[int, list[str]]], workers: int) -> None:
         """``workers`` long-lived tasks share ``matches``: each plays the next one as soon as its game ends, so

@@ -51,7 +51,7 @@ import torch
 import trio
 
 from actors.models.checkpoints import load_trainer_state
-from actors.models.checkpoint_dir import TRAINER_STATE, find_checkpoint, fresh_beside, swap_in
+from actors.models.checkpoint_dir import TRAINER_STATE, find_checkpoint, fresh_beside, remove_stale, swap_in
 from actors.learner.dataset import EpisodeDataset
 from actors.learner.face import LearnerStatistics
 from actors.models.devices import DTYPES, check_device, check_dtype
@@ -285,7 +285,11 @@ class LearnerActor:
         return False
 
     def _checkpoint(self) -> Path | None:
-        """The checkpoint to resume from (None: start from the base model); its bookkeeping restored."""
+        """The checkpoint to resume from (None: start from the base model); its bookkeeping restored. A half
+        checkpoint that a kill or a full disk left beside it is removed first."""
+        if self.cfg.save_dir:
+            for path in remove_stale(self.cfg.save_dir):
+                log.warning("removed %s, a checkpoint written or swapped only in part", path)
         checkpoint = find_checkpoint(self.cfg.save_dir) if self.cfg.resume else None
         if self.cfg.resume and checkpoint is None:
             raise FileNotFoundError(f"resume: no checkpoint in {self.cfg.save_dir} (no {TRAINER_STATE} there)")

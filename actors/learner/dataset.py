@@ -12,6 +12,11 @@ handed over is on disk; the learner flushes before each checkpoint, so the check
 the files up to ``n``. A (re)starting learner calls ``prune(life, n)`` with its checkpoint's cursor: the files of
 that life after ``n`` were trained by a learner whose updates were lost, and their episodes will be trained
 again (in this life, or, for a resumed run, in its new life, where replay took them over).
+
+The dataset is for looking at, not for training: a write that fails (a full disk, a directory made read-only)
+turns it off, said loudly once in the log and counted in the learner's statistics (``dataset.failed``), and the
+learner trains on. Its files then end at the last batch written; the run's checkpoints and spill are untouched
+(they meet the disk on their own). A starting dataset removes the ``.partial`` files a cut-short write left.
 """
 
 from __future__ import annotations
@@ -67,8 +72,9 @@ class EpisodeDataset:
     def __init__(self, root: str | Path, life: str, member: str, decode: Callable[[list], list[str]] | None = None):
         self.root, self.life, self.member, self.decode = Path(root), life, member, decode
         self._queue: queue.Queue = queue.Queue()
-        self._error: BaseException | None = None
-        self.written = {"batches": 0, "rows": 0, "cpu_s": 0.0}  # cpu_s: the thread's own CPU time
+        self._error: BaseException | None = None  # the write that failed: the dataset is off from there on
+        self.written = {"batches": 0, "rows": 0, "cpu_s": 0.0, "failed": 0}  # cpu_s: the thread's own CPU time;
+        # failed: 1 once a write failed (the dataset turned off)
         self._thread = threading.Thread(target=self._write_all, name=f"dataset-{member}", daemon=True)
         self._thread.start()
 
@@ -78,21 +84,26 @@ class EpisodeDataset:
         the checkpoint it starts from (``checkpoint_cursor``: its life and number; none: this life's files)."""
         life = learner_cfg.data_life
         dataset = cls(learner_cfg.dataset_dir, life, learner_cfg.policy_id, decode)
+        for partial in Path(learner_cfg.dataset_dir).glob(f"*/{learner_cfg.policy_id}/*.partial"):
+            partial.unlink()  # a write cut short (a kill, a full disk): never renamed into place
         trained_in = checkpoint_cursor.get("life", life)
         dataset.prune(trained_in, checkpoint_cursor.get("seq", 0))
         if trained_in != life:  # a checkpoint of a previous life: nothing of this one is in it
             dataset.prune(life, 0)
         return dataset
 
+    @property
+    def off(self) -> bool:
+        return self._error is not None
+
     def add(self, table: pa.Table, seq: int, version: int) -> None:
-        """Batch ``seq``, trained at ``version``: written soon, on the dataset's thread."""
-        if self._error is not None:
-            raise RuntimeError(f"the episode dataset under {self.root} failed: {self._error}") from self._error
-        self._queue.put((table, seq, version))
+        """Batch ``seq``, trained at ``version``: written soon, on the dataset's thread (dropped once it is off)."""
+        if not self.off:
+            self._queue.put((table, seq, version))
 
     def flush(self) -> None:
-        """Wait until every batch added so far is written (or failed: said at the next ``add``, which raises, so
-        that a checkpoint or a stop never waits on the dataset's disk)."""
+        """Wait until every batch added so far is written, or dropped: a failed write turns the dataset off, and a
+        checkpoint or a stop never waits on the dataset's disk."""
         self._queue.join()
 
     def close(self) -> None:
@@ -118,6 +129,8 @@ class EpisodeDataset:
             try:
                 if item is None:
                     return
+                if self.off:
+                    continue
                 table, seq, version = item
                 started = time.thread_time()
                 rows = batch_table(table, self.life, self.member, seq, version, self.decode)
@@ -125,8 +138,11 @@ class EpisodeDataset:
                 self.written["batches"] += 1
                 self.written["rows"] += rows.num_rows
                 self.written["cpu_s"] += time.thread_time() - started
-            except Exception as error:  # said at the next add or flush, never silently dropped
-                log.exception("episode dataset: batch not written")
+            except Exception as error:  # the dataset goes off, loudly; training goes on
+                log.exception("episode dataset under %s: batch %d not written: the dataset is turned off for the "
+                              "rest of this learner's life (training goes on; its files end at batch %d)", self.root,
+                              item[1], item[1] - 1)
                 self._error = error
+                self.written["failed"] = 1
             finally:
                 self._queue.task_done()

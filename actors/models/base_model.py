@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from actors.models.chat import CHAT_STYLES, PromptRenderer, give_chat_template, prompt_format
-from actors.models.random_model import ModelShape, make_random_model, publish_model_dir
+from actors.models.random_model import ModelShape, cached_model, make_random_model, publish_model_dir
 from actors.models.tokenizer import make_tokenizer
 from actors.models.transcripts import demonstrations
 from algos.losses import sft_loss
@@ -139,7 +139,7 @@ def _encode_pairs(tokenizer, pairs):
 def ensure_base_model(cache_dir: str | Path, cfg: TinyModelConfig = TinyModelConfig()) -> Path:
     """The directory of the tiny base model for ``cfg``: made and warmed up once, then reused."""
     path = Path(cache_dir).expanduser() / f"tiny-{cfg.warmup_env.replace(':', '-').replace('/', '-')}-{cfg.fingerprint()}"
-    if (path / "config.json").exists():
+    if cached_model(path):  # its files as they were made (their checksums), else made again
         return path
     log.info("making the tiny base model in %s (a one-time warm-up)", path)
     torch.manual_seed(cfg.seed)

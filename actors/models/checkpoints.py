@@ -10,7 +10,10 @@ run directory that someone else could write would run their code on ``tidal laun
 - ``optimizer/`` is read with a storage reader whose metadata unpickler admits only torch.distributed.checkpoint's
   own metadata classes, torch sizes and dtypes (torch itself reads that file with plain ``pickle.load``), and a
   planner that reads its non-tensor values with ``weights_only=True`` (torch reads them with
-  ``weights_only=False``) (`load_optimizer`).
+  ``weights_only=False``) (`load_optimizer`). What the metadata names is checked before anything is read: each
+  item's file must be a plain file name in ``optimizer/`` (no ``/``, no ``..``: torch would follow an absolute
+  path), a regular file opened without following a link (no FIFO to block on, no ``/dev/zero`` to read from),
+  and the item must lie within it (offset + length at most its size); torch reads the length it is told first.
 
 A ``trainer_state.pt`` written before this (with a pickled ``StateValues`` in it) is refused, naming the file
 and the command that converts it once, for a checkpoint its owner trusts: ``python -m actors.models.checkpoints DIR``.
@@ -20,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import pickle
 import sys
+from contextlib import contextmanager
 from collections import OrderedDict
 from pathlib import Path
 
@@ -29,6 +34,7 @@ import torch
 
 from actors.models.checkpoint_dir import TRAINER_STATE, find_checkpoint
 from algos.advantages import StateValues
+from streams.private_files import open_private
 
 FORMAT = 2  # trainer_state.pt: plain data only (1: before, with pickled objects)
 def checkpoint_cursor(save_dir: str | Path, life: str) -> int:
@@ -134,10 +140,28 @@ def load_optimizer(state: dict, path: Path, process_group=None) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 
-    with open(Path(path) / ".metadata", "rb") as f:  # refused here with its reason, not inside dcp's own errors
-        read_metadata(f)
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    with _open_regular(Path(path) / ".metadata") as f:  # refused here with its reason, not inside dcp's own errors
+        check_storage(Path(path), read_metadata(f).storage_data)
+
+    class Files(FileSystem):
+        @contextmanager
+        def create_stream(self, file, mode: str):
+            if mode != "rb":
+                raise UnsafeCheckpoint(f"{file}: a checkpoint is only read here, not opened with mode {mode!r}")
+            with _open_regular(Path(file)) as stream:
+                yield stream
 
     class Reader(FileSystemReader):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.fs = Files()
+
+        def set_up_storage_reader(self, metadata, *args, **kwargs) -> None:  # every rank's, whoever read it
+            super().set_up_storage_reader(metadata, *args, **kwargs)
+            check_storage(Path(self.path), self.storage_data)
+
         def read_metadata(self, *args, **kwargs):
             with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
                 metadata = read_metadata(f)
@@ -153,6 +177,37 @@ def load_optimizer(state: dict, path: Path, process_group=None) -> None:
             super().load_bytes(read_item, io.BytesIO(_plain_bytes(value)))
 
     dcp.load(state, storage_reader=Reader(str(path)), planner=Planner(), process_group=process_group)
+
+
+@contextmanager
+def _open_regular(path: Path):
+    """``path`` opened to read, if it is a regular file itself (not a link, a FIFO or a device); else
+    UnsafeCheckpoint. ``open_private`` does not wait for a FIFO's writer."""
+    try:
+        fd = open_private(path)
+    except OSError as error:
+        raise UnsafeCheckpoint(f"{path}: not a regular file of the checkpoint ({error})") from None
+    with os.fdopen(fd, "rb") as stream:
+        yield stream
+
+
+def check_storage(directory: Path, storage_data: dict) -> None:
+    """Refuse (UnsafeCheckpoint) checkpoint metadata whose items lie outside ``directory``'s own files: a path
+    that is not a plain file name there, a file that is not regular, or an item past the end of its file."""
+    sizes: dict[str, int] = {}
+    for index, info in storage_data.items():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise UnsafeCheckpoint(f"checkpoint {directory}: item {getattr(index, 'fqn', index)} names {name!r}, "
+                                   "not a file of the checkpoint's own directory")
+        if name not in sizes:
+            with _open_regular(directory / name) as stream:
+                sizes[name] = os.fstat(stream.fileno()).st_size
+        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0 and length >= 0
+                and offset + length <= sizes[name]):
+            raise UnsafeCheckpoint(f"checkpoint {directory}: item {getattr(index, 'fqn', index)} claims bytes "
+                                   f"{offset}..+{length} of {name}, which holds {sizes[name]}")
 
 
 def _plain_bytes(value: io.BytesIO) -> bytes:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from actors.models.chat import CHAT_STYLES, give_chat_template
+from actors.models.checksums import checksum_problem, write_checksums
 from actors.models.tokenizer import BYTE_ALPHABET, make_tokenizer, save_tokenizer
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ def ensure_random_model(cache_dir: str | Path, shape: ModelShape = ModelShape())
     """The directory of the random model of ``shape``: made once, then reused (the same shape and seed give
     the same weights, so processes that make it at once agree)."""
     path = Path(cache_dir).expanduser() / shape.directory_name()
-    if (path / "config.json").exists():
+    if cached_model(path):
         return path
     log.info("making a random %s model in %s", shape.architecture, path)
     tokenizer = make_tokenizer(tokenizer_corpus(shape), shape.tokenizer_vocab,
@@ -193,15 +194,31 @@ def ensure_random_model(cache_dir: str | Path, shape: ModelShape = ModelShape())
     return publish_model_dir(path, save)
 
 
+def cached_model(path: Path) -> bool:
+    """Whether the model directory ``path`` that tidal made before may be used again: every file matches its
+    checksum file. One that does not (changed since, cut short, or made by a tidal before checksums) is removed,
+    said in the log, to be made again."""
+    if not path.exists():
+        return False
+    problem = checksum_problem(path)
+    if problem is None:
+        return True
+    log.warning("the cached model %s is not used (%s): it is made again", path, problem)
+    shutil.rmtree(path)
+    return False
+
+
 def publish_model_dir(path: Path, save) -> Path:
-    """``save(tmp)`` into a directory of this process, then renamed to ``path``. Several processes may make the
-    same model at once: the same config and seed made the same model, so the first one there is kept."""
+    """``save(tmp)`` into a directory of this process, checksummed (``checksums.py``), then renamed to ``path``.
+    Several processes may make the same model at once: the same config and seed made the same model, so the
+    first one there is kept."""
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     save(tmp)
+    write_checksums(tmp)
     try:
         tmp.rename(path)
     except OSError:
-        if not (path / "config.json").exists():
+        if checksum_problem(path) is not None:
             raise
         shutil.rmtree(tmp, ignore_errors=True)
     return path

@@ -9,15 +9,14 @@ made read-only. Whoever loads one checks every file against ``CHECKSUMS.json`` f
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import shutil
 import stat
 from pathlib import Path
 
-CHECKSUMS = "CHECKSUMS.json"
+from actors.models.checksums import CHECKSUMS, checksum_problem, write_checksums
+
 _SNAPSHOT_ID = re.compile(r"^(?P<member>[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*?)-v(?P<version>\d+)$")
 
 
@@ -35,14 +34,6 @@ def parse_snapshot_id(policy_id: str) -> tuple[str, int] | None:
     return (match["member"], int(match["version"])) if match else None
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def write_snapshot(model, tokenizer, directory: str | Path, state_dict: dict | None = None) -> Path:
     """Save ``model`` (with ``state_dict``'s weights, if given: a sharded model's, gathered) and ``tokenizer`` as
     an immutable snapshot at ``directory``; refuses an existing one."""
@@ -53,8 +44,7 @@ def write_snapshot(model, tokenizer, directory: str | Path, state_dict: dict | N
     shutil.rmtree(partial, ignore_errors=True)  # a write cut short by a kill
     model.save_pretrained(partial, state_dict=state_dict)
     tokenizer.save_pretrained(partial)
-    sums = {p.name: _sha256(p) for p in sorted(partial.iterdir()) if p.is_file()}
-    (partial / CHECKSUMS).write_text(json.dumps(sums, indent=1))
+    write_checksums(partial)
     for path in partial.iterdir():
         path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     os.rename(partial, final)  # fails if another writer got there first: nothing is replaced
@@ -64,16 +54,11 @@ def write_snapshot(model, tokenizer, directory: str | Path, state_dict: dict | N
 def verify_snapshot(directory: str | Path) -> Path:
     """The snapshot's directory, once every file matches its checksum; SnapshotError naming what does not."""
     path = Path(directory)
-    sums_path = path / CHECKSUMS
-    if not sums_path.exists():
+    if not (path / CHECKSUMS).exists():
         raise SnapshotError(f"{path} is not a snapshot (no {CHECKSUMS}): missing or cut short while written")
-    sums = json.loads(sums_path.read_text())
-    present = {p.name for p in path.iterdir() if p.is_file()} - {CHECKSUMS}
-    if present != set(sums):
-        raise SnapshotError(f"snapshot {path}: files {sorted(present ^ set(sums))} differ from its checksum list")
-    for name, expected in sums.items():
-        if _sha256(path / name) != expected:
-            raise SnapshotError(f"snapshot {path}: {name} does not match its checksum (changed after it was written)")
+    problem = checksum_problem(path)
+    if problem is not None:
+        raise SnapshotError(f"snapshot {path}: {problem}")
     return path
 
 

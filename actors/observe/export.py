@@ -20,15 +20,19 @@ import pyarrow as pa
 from actors.learner.dataset import DATASET_DIR, batch_table, write_batch
 from actors.models.checkpoints import checkpoint_cursor
 from actors.replay.spill import Spill
+from streams.disk import name_problem
 
 
 def member_dirs(run_dir: Path) -> list[tuple[str, Path, Path]]:
     """Each learning member of a run: (id, its spill's root, its checkpoint directory)."""
     saved = json.loads((run_dir / "config.json").read_text())
+    ids = [m["id"] for m in saved["league"]["members"]] if saved.get("league") else [saved["run"].get("policy_id", "main")]
+    problems = [p for i in ids if (p := name_problem("member id", i))]
+    if problems:  # each names directories the export reads and writes
+        raise ValueError(f"{run_dir}/config.json: {'; '.join(problems)}")
     if saved.get("league"):
-        return [(m["id"], run_dir / "replay" / m["id"], run_dir / "members" / m["id"] / "policy")
-                for m in saved["league"]["members"]]
-    return [(saved["run"].get("policy_id", "main"), run_dir / "replay", run_dir / "policy")]
+        return [(i, run_dir / "replay" / i, run_dir / "members" / i / "policy") for i in ids]
+    return [(ids[0], run_dir / "replay", run_dir / "policy")]
 
 
 def decoder(policy: Path):

@@ -87,6 +87,8 @@ class ReplayActor:
         self.buffer = OldestFirst(cfg.batch_episodes, self.batch_bytes_limit)  # the episodes held, oldest first
         self._inbox = None
         self._spill = Spill(cfg.spill_dir) if cfg.spill_dir else None
+        if self._spill is not None:
+            self._spill.remove_partial()  # what a write cut short left: never read, holding space
         self._received_by_source: dict[str, int] = {}  # env actor -> its episodes held or batched
         self._rewind_to: int | None = None  # resend the logged batches after this number
         self._held_back = False  # what a resumed run took over waits for the first ``rewind``

@@ -2,7 +2,8 @@
 
 Episodes go to an Arrow IPC stream file per replay process (``episodes-<pid>-<ns>.arrows``, one record batch an
 episode, flushed before the episode is acknowledged); batches to ``batches.jsonl``, one line per batch (its
-number and its episodes' ids), flushed before it is sent. A process killed mid-write leaves a cut-off tail:
+number and its episodes' ids), written whole before it is sent (``streams.disk.append_line``: a line a full disk
+cut off never runs into the next). A process killed mid-write leaves a cut-off tail:
 loading stops at it, and that episode (never acknowledged) or batch (never sent) comes again. A flush survives
 the process, not the machine: there is no fsync on this path.
 
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from streams.disk import append_line
 from streams.schema import OLDER_SCHEMAS, TRAJECTORY_SCHEMA, Columns, upgrade_batch
 
 log = logging.getLogger(__name__)
@@ -142,6 +144,15 @@ class Spill:
         except (json.JSONDecodeError, AttributeError, TypeError) as error:
             raise ValueError(f"replay spill {path} is not a spill state: {error}") from error
 
+    def remove_partial(self) -> list[Path]:
+        """Remove the ``.partial`` files a write cut short (a kill, a full disk) left: never renamed into place, so
+        never read, but holding space. Only the spill's writer (a starting replay) calls it."""
+        removed = sorted(self.dir.glob("*.partial"))
+        for path in removed:
+            path.unlink()
+            log.warning("%s: removed, a write cut short", path)
+        return removed
+
     def own(self, episode_id: str) -> bool:
         """Whether an episode was played in this spill's life (not taken over from a previous one)."""
         return episode_life(episode_id) in ("", self.life)
@@ -158,8 +169,9 @@ class Spill:
         self._file.flush()
 
     def add_batch(self, seq: int, episode_ids: list[str]) -> None:
-        with open(self.dir / BATCH_LOG, "a") as f:
-            f.write(json.dumps({"seq": seq, "episodes": episode_ids}) + "\n")
+        """Log batch ``seq`` as one whole line: a line a full disk cut off is removed first (`append_line`), so
+        that it cannot swallow this one."""
+        append_line(self.dir / BATCH_LOG, json.dumps({"seq": seq, "episodes": episode_ids}))
 
     def load(self, wanted: set[str] | None = None) -> tuple[dict[str, pa.Table], dict[int, list[str]]]:
         """Every live episode on disk (or those ``wanted``), by id in the order they came, and the live batches."""

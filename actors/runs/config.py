@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import types
 import typing
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from actors.replay.actor import ReplayConfig
 from actors.reward.actor import RewardConfig
 from actors.rollout.actor import RolloutConfig, engine_problems
 from actors.observe.wandb_log import MODES as WANDB_MODES
+from streams.disk import name_problem
 
 # Fields of the actors' configs that the topology builder fills in: not settable under ``<group>.args``.
 BUILT = {
@@ -263,6 +265,31 @@ class RunConfig:
         return list(self.league.members) if self.league else [Member(self.run.policy_id)]
 
 
+# What a resume does not take from a run directory's config.json unless given again on its command line: these
+# reach outside the run (a Ray cluster the driver joins, whose workers' results it unpickles; keys it trusts; a
+# model it loads; a service it sends to), and a run directory may have been written by someone else.
+OUTSIDE_KEYS = ("ray.address", "ray.curve_dir", "model.path", "observe.wandb", "observe.wandb_project",
+                "observe.wandb_mode")
+
+
+def outside_settings(saved: dict) -> dict[str, Any]:
+    """The ``OUTSIDE_KEYS`` a config (as plain data: ``dataclasses.asdict`` or a ``config.json``) sets to other
+    than their defaults, by key."""
+    defaults = dataclasses.asdict(RunConfig())
+    found = {}
+    for key in OUTSIDE_KEYS:
+        section, name = key.split(".")
+        value = (saved.get(section) or {}).get(name, defaults[section][name])
+        if value != defaults[section][name]:
+            found[key] = value
+    return found
+
+
+def override(key: str, value: Any) -> str:
+    """``key=value`` as a command line gives it (Hydra's dotlist: ``null``, ``true``, numbers as JSON)."""
+    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+
+
 def unknown_keys(given: dict, known: dict, path: str = "") -> list[str]:
     """The keys of ``given`` (a composed config) that ``known`` (the same, as the schema kept it) lacks."""
     unknown = []
@@ -334,12 +361,14 @@ def check(cfg: RunConfig) -> None:
             problems.append("eval.opponents is a league's list: a single run plays eval.opponent")
     else:
         ids = [m.id for m in cfg.league.members]
+        problems += [p for i in ids if (p := name_problem("league member id", i))]
         if not ids or len(set(ids)) != len(ids):
             problems.append(f"league.members need distinct ids, not {ids}")
         if not any(m.role == "main" for m in cfg.league.members):
             problems.append("league.members: a league needs at least one member with role 'main'")
         if cfg.rollout.autoscale.enabled:
             problems.append("rollout.autoscale.enabled: a league scales its members' rollouts by `tidal scale`")
+    problems += [p for p in [name_problem("run.policy_id", cfg.run.policy_id)] if p]
     problems += actor_config_problems(cfg)
     if problems:
         raise ValueError("; ".join(problems))

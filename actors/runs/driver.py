@@ -9,9 +9,13 @@ and restarted here, losing nothing and counting nothing twice, see ``recovery.py
 do its round, writes a metrics row, collects finished evaluations and starts the next when due, and carries out
 scale requests. ``run.restart=false``: any dead actor ends the run, with the command that resumes it; so does one
 that died more than ``run.max_restarts`` times within ``run.restart_window_s`` (restarts of one actor are spaced
-out by ``run.restart_backoff_s``, doubling).
+out by ``run.restart_backoff_s``, doubling). An actor that found its disk full (``host.DiskFull``) ends the run
+at once, naming the directory, the space free there and the space the run needs: no restart would fix it. The
+space is checked at start too (a warning: what a run needs beyond its checkpoints depends on how long it runs).
 
-``tidal scale`` and ``tidal stop`` reach a running run through its control endpoint (``control.py``). At launch
+The driver holds the run directory's lock (``run_lock.py``) from its start to its summary: a second driver
+(a resume of a running run) is refused. ``tidal scale`` and ``tidal stop`` reach a running run through its
+control endpoint (``control.py``). At launch
 and at its end the driver sweeps the shared-memory directories of this user's processes that died (a killed
 learner's or rollout's weights: ``streams/private_files.py``).
 """
@@ -22,6 +26,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import shutil
 import threading
 import time
 from datetime import datetime
@@ -29,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.env.face import EnvFace
-from actors.runs.config import RunConfig, sampling_stops
+from actors.runs.config import RunConfig, outside_settings, override, sampling_stops
 from actors.models.chat import chat_problems
 from actors.models.base_model import ensure_base_model, tiny_model_config
 from actors.models.random_model import ensure_random_model, random_model_config
@@ -37,9 +42,11 @@ from actors.runs.ray_cluster import open_cluster
 from actors.runs.control import ControlServer
 from actors.runs.evaluations import Evaluations
 from actors.runs.handles import call_unless_dead, handle
+from actors.runs.host import full_disk_error
 from actors.runs.inherited import count_inherited, release_inherited
 from actors.runs.league_steward import LeagueSteward
 from actors.observe.monitor import MetricsLog, plot_learning_curve
+from actors.runs.run_lock import RunLock
 from actors.runs.recovery import GroupRecovery, RestartLimit, RestartsExhausted, restart_env, statistics_or_recover
 from actors.runs.scaling import ScaleContext, Scaler
 from actors.observe.tensorboard import TensorBoardLog
@@ -50,6 +57,7 @@ from streams.private_files import SHM_DIR, sweep_stale
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often an endpoint evaluation's results are looked for
+CHECKPOINT_COPIES = 2  # a learner's checkpoints on disk at once: the last one, and the one written to replace it
 
 
 def run_directory(root: Path, name: str, resumed: bool) -> Path:
@@ -73,12 +81,25 @@ def run_directory(root: Path, name: str, resumed: bool) -> Path:
         return candidate
 
 
+def free_bytes(path: Path) -> int:
+    """Free bytes on the disk of ``path`` (or of its nearest existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
 class Driver:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
         run = cfg.run
         default = ("league-" if cfg.league else "") + datetime.now().strftime("%Y%m%d-%H%M%S")
         self.dir = run_directory(Path(run.dir).expanduser(), run.name or default, resumed=cfg.resume is not None)
+        self.lock = RunLock(self.dir, "its driver")  # before anything is written there: one driver a run
         (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
         self.metrics = MetricsLog(self.dir, window_s=run.return_window_s, window_episodes=run.return_window_episodes)
         if cfg.observe.tensorboard:  # every row as TensorBoard events too, written here: the actors pay nothing
@@ -94,6 +115,7 @@ class Driver:
         self.target_reached_s = None
         self.training_end: dict | None = None  # the last metrics row of training, before the final evaluation
         self.restarts: dict[str, int] = {}  # actor -> times restarted after it died
+        self.base_model: Path | None = None  # once made or found (``model_path``)
         self.restart_limit = RestartLimit(run.max_restarts, run.restart_window_s, run.restart_backoff_s)
         self.training = False  # env actors may start training episodes (a restarted one is told again)
         self.top: Topology | None = None
@@ -141,6 +163,13 @@ class Driver:
         return ensure_base_model(self.cfg.model.cache_dir, tiny_model_config(self.cfg))
 
     def execute(self) -> dict:
+        """The run, to its summary; its directory's lock is let go at the end, however it ends."""
+        try:
+            return self._execute()
+        finally:
+            self.lock.release()
+
+    def _execute(self) -> dict:
         endpoint_games = self.cfg.eval.endpoint_games_per_seat
         model_path = self.model_path()
         # the first moment the run's tokenizers are at hand (the model tidal makes is made just now)
@@ -153,6 +182,8 @@ class Driver:
         problems += chat_problems(tokenizers, self.cfg.prompt.template)
         if problems:
             raise ValueError("; ".join(problems))
+        self.base_model = model_path
+        self._check_space()
         self._sweep()
         self.cluster = cluster = open_cluster(self.cfg.run, self.cfg.ray)
         interrupted, control, table = False, None, None
@@ -233,16 +264,51 @@ class Driver:
         self.restart_limit.restarted(name)
         return self.cluster.statistics(name)
 
+    def resume_command(self) -> str:
+        """The command that continues this run, with the settings a resume takes only from its command line."""
+        command = "tidal league run" if self.cfg.league else "tidal launch"
+        outside = outside_settings(dataclasses.asdict(self.cfg))
+        return " ".join([command, f"resume={self.dir}", *(override(k, v) for k, v in outside.items())])
+
     def _give_up(self, reason: str, error: Exception) -> None:
         """End the run for ``reason``, saying how to resume it."""
-        command = "tidal league run" if self.cfg.league else "tidal launch"
-        message = f"{reason}: the run stops; continue it with `{command} resume={self.dir}`"
+        message = f"{reason}: the run stops; continue it with `{self.resume_command()}`"
         log.error(message)
         raise RuntimeError(message) from error
 
+    def space_needed(self) -> int:
+        """Bytes the run needs free on its directory's disk, at least: its checkpoints, each about three times the
+        base model's weights (the policy, and Adam's two moments beside it)."""
+        if self.base_model is None:
+            return 0
+        model = sum(p.stat().st_size for p in Path(self.base_model).glob("*.safetensors"))
+        return CHECKPOINT_COPIES * 3 * model
+
+    def _check_space(self) -> None:
+        free, needed = free_bytes(self.dir), self.space_needed()
+        if free < needed:
+            log.warning("%s has %s free; the run's checkpoints alone need about %s there: it will stop when the "
+                        "disk is full (then free space and resume it)", self.dir, mib(free), mib(needed))
+
+    def _full_disk(self, full, error: Exception) -> None:
+        """End the run for a full disk (``host.DiskFull``), saying where, what is free and what is needed."""
+        where = Path(full.path) if full.path else self.dir
+        self._give_up(f"{full}: a full disk is not a fault a restart fixes. {where} has {mib(free_bytes(where))} "
+                      f"free; the run needs at least {mib(self.space_needed())} free under {self.dir} for its "
+                      f"checkpoints ({CHECKPOINT_COPIES} at once, each the model's weights and optimizer state), "
+                      "more for its replay spill and episode dataset (observe.dataset=false saves that). Free space "
+                      "there", error)
+
     def _tick(self) -> dict[str, Any]:
-        """Every actor's statistics (the health check: a dead actor is restarted here); the league's round."""
-        stats = statistics_or_recover(self.cluster, self.top.names(), self.recover)
+        """Every actor's statistics (the health check: a dead actor is restarted here, one whose disk is full
+        ends the run); the league's round."""
+        try:
+            stats = statistics_or_recover(self.cluster, self.top.names(), self.recover)
+        except Exception as error:
+            full = full_disk_error(error, "driver")  # an actor's, or the driver's own
+            if full is None:
+                raise
+            self._full_disk(full, error)
         if self.steward is not None:
             self.steward.tick(stats)
         return stats

@@ -8,6 +8,12 @@ channels (or ZeroMQ sockets, for tests of the real data plane without Ray).
 A loop that raises is a crashed actor: an ``ActorHost`` logs the traceback and ends its process (status
 ``LOOP_CRASH_EXIT``), so Ray reports a dead actor and the run restarts it as after a kill; in a ``LocalCluster``
 the error, naming the actor, ends the run (one process cannot restart one actor).
+
+A loop that met a full disk (ENOSPC, EDQUOT: ``streams.disk.disk_full``) is different: a restart would meet
+the same disk, spending the run's restart budget for nothing. Its process is kept, its loop stopped, and every
+call to it raises ``DiskFull`` (the actor, the directory, the error): a dead process's cause cannot reach the
+driver (Ray says only that it died), a raised error does, and the driver ends the run at once with what to free
+(``actors/runs/driver.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import time
 import trio
 
 from streams.channels import MemoryTransport, ZmqTransport
+from streams.disk import disk_full, where_full
 from streams.security import CurveKeys
 
 log = logging.getLogger(__name__)
@@ -38,6 +45,36 @@ LOOP_CRASH_EXIT = 71  # the exit status of an actor's process whose loop raised 
 class ActorCrashed(RuntimeError):
     """An actor's trio loop raised. In a process of its own the process ends (Ray then reports a dead actor, and
     the run restarts it); in one process with the others (``LocalCluster``) it ends the run, naming the actor."""
+
+
+class DiskFull(ActorCrashed):
+    """An actor's loop met a full disk under ``path``: not a fault a restart fixes (see the module's docstring)."""
+
+    def __init__(self, actor: str, path: str, detail: str):
+        super().__init__(actor, path, detail)  # its arguments: it is pickled on its way to the driver
+        self.actor, self.path, self.detail = actor, path, detail
+
+    def __str__(self) -> str:
+        who = "the driver" if self.actor == "driver" else f"the {self.actor} actor"
+        return f"{who} found its disk full{f' under {self.path}' if self.path else ''} ({self.detail})"
+
+
+def full_disk_error(error: BaseException | None, actor: str) -> DiskFull | None:
+    """The ``DiskFull`` that ``error`` is, holds or stands for (a full-disk OSError behind it), else None."""
+    pending, seen = [error], set()
+    while pending:  # Ray's RayTaskError holds the actor's error as ``cause``
+        e = pending.pop()
+        for found in (getattr(e, "cause", None), e):  # the actor's own first: Ray's wrapper says only where
+            if isinstance(found, DiskFull):
+                return found
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            pending += [*getattr(e, "exceptions", ()), getattr(e, "cause", None), e.__cause__]
+    full = disk_full(error)
+    if full is None:
+        return None
+    where = str(where_full(full, "")) if full.filename else ""  # "": unknown (the driver names the run's)
+    return DiskFull(actor, where, f"{full.strerror or full}: {full.filename or 'a write'}")
 
 
 class _LoopThread:
@@ -81,6 +118,9 @@ class _LoopThread:
                 self._thread.join(5.0)
                 if self._error is None:
                     raise
+        full = full_disk_error(self._error, self._thread.name)
+        if full is not None:
+            raise full from self._error
         raise ActorCrashed(f"{crash_description(self._error)} (its traceback is logged); the actor loop has "
                            "stopped") from self._error
 
@@ -118,6 +158,11 @@ def crash_description(error: BaseException) -> str:
 
 def _end_process(name: str):
     def end(error: BaseException) -> None:
+        full = full_disk_error(error, name)
+        if full is not None:  # a restart would meet the same disk: the process stays, and says why when called
+            log.critical("%s: %s; the process stays with its loop stopped, so that the run hears why and ends "
+                         "(a restart would meet the same disk)", name, full)
+            return
         log.critical("%s: its loop raised (traceback above); ending its process with status %d, so that the run "
                      "sees a dead actor and restarts it", name, LOOP_CRASH_EXIT)
         logging.shutdown()
@@ -134,6 +179,9 @@ async def _named(name: str, run, transport, peers: dict, *, task_status=trio.TAS
         leaf = error
         while getattr(leaf, "exceptions", None):  # trio's exception groups: what was raised
             leaf = leaf.exceptions[0]
+        full = full_disk_error(error, name)
+        if full is not None:
+            raise full from error
         raise ActorCrashed(f"the {name} actor's loop raised {type(leaf).__name__}: {leaf}") from error
 
 
@@ -209,6 +257,8 @@ class LocalCluster:
             return self._loop.crash(name, *args)
         try:
             return self._loop.call(getattr(self.actors[name], method), *args)
+        except DiskFull:  # the run ends for it in any mode, saying what to free
+            raise
         except ActorCrashed as error:
             raise ActorCrashed(f"{error}. run.mode=local runs every actor in this one process, which cannot restart "
                                "one: the run ends (run.mode=ray restarts a crashed actor)") from error.__cause__

@@ -96,3 +96,57 @@ def test_a_spill_file_that_is_not_replays_is_skipped_and_runs_no_code(tmp_path):
             writer.write_table(foreign)
     episodes, batches = Spill(str(spill)).load()
     assert episodes == {} and batches == {} and not marker.exists()
+
+
+def redirected(path: Path, to: Path, edit) -> Path:
+    """A copy of the checkpoint at ``path`` whose optimizer metadata was changed by ``edit(storage_info)`` for
+    every item (as a hostile run directory would)."""
+    from actors.models.checkpoints import read_metadata
+
+    shutil.copytree(path, to)
+    metadata_path = to / OPTIMIZER_DIR / ".metadata"
+    with open(metadata_path, "rb") as f:
+        metadata = read_metadata(f)
+    for index, info in list(metadata.storage_data.items()):
+        metadata.storage_data[index] = edit(info)
+    metadata_path.write_bytes(pickle.dumps(metadata))
+    return to
+
+
+def moved(info, **changes):
+    import dataclasses
+
+    return dataclasses.replace(info, **changes)
+
+
+@pytest.mark.parametrize("case", ["absolute", "dotdot", "dev_zero", "fifo", "link", "past_the_end"])
+def test_optimizer_metadata_naming_bytes_outside_the_checkpoint_is_refused(checkpoint, tmp_path, case):
+    """Review new 6 (a): an item redirected outside ``optimizer/``, to a device, a FIFO (the learner's start
+    blocked for ever) or a link, or past its file's end, is refused before anything is read."""
+    cfg, _, path = checkpoint
+    outside = tmp_path / "outside.distcp"
+    shutil.copy(next((path / OPTIMIZER_DIR).glob("*.distcp")), outside)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    edits = {"absolute": lambda i: moved(i, relative_path=str(outside)),
+             "dotdot": lambda i: moved(i, relative_path="../../outside.distcp"),
+             "dev_zero": lambda i: moved(i, relative_path="/dev/zero", length=512 << 20),
+             "fifo": lambda i: moved(i, relative_path=str(fifo)),
+             "link": lambda i: moved(i, relative_path="link.distcp"),
+             "past_the_end": lambda i: moved(i, length=i.length + 10**9)}
+    hostile = redirected(path, tmp_path / "hostile", edits[case])
+    (hostile / OPTIMIZER_DIR / "link.distcp").symlink_to(outside)
+    expected = {"absolute": "not a file of", "dotdot": "not a file of", "dev_zero": "not a file of",
+                "fifo": "not a file of", "link": "not a regular file", "past_the_end": "claims bytes"}[case]
+    with pytest.raises(UnsafeCheckpoint, match=expected):
+        Trainer(cfg).load(hostile)
+
+
+def test_a_fifo_in_place_of_the_optimizer_metadata_is_refused_at_once(checkpoint, tmp_path):
+    cfg, _, path = checkpoint
+    hostile = tmp_path / "hostile"
+    shutil.copytree(path, hostile)
+    (hostile / OPTIMIZER_DIR / ".metadata").unlink()
+    os.mkfifo(hostile / OPTIMIZER_DIR / ".metadata")
+    with pytest.raises(UnsafeCheckpoint, match="not a regular file"):
+        Trainer(cfg).load(hostile)

@@ -77,6 +77,23 @@ def test_the_cache_is_reused_and_a_different_shape_gets_its_own_directory(tmp_pa
         ensure_random_model(tmp_path, ModelShape(**{**SMALL, "seed": 1}))
 
 
+@pytest.mark.parametrize("damage", ["changed", "no_checksums", "added"])
+def test_a_cached_model_whose_files_do_not_match_their_checksums_is_made_again(tmp_path, damage, caplog):
+    """Review old 20: the cache was trusted as soon as config.json existed."""
+    first = ensure_random_model(tmp_path, ModelShape(**SMALL))
+    weights = (first / "model.safetensors").read_bytes()
+    if damage == "changed":  # another user's, or a disk's, change to the weights
+        (first / "model.safetensors").write_bytes(weights[:-8] + b"\x7f" * 8)
+    elif damage == "no_checksums":  # cut short before its checksums, or made by a tidal before them
+        (first / "CHECKSUMS.json").unlink()
+    else:
+        (first / "extra.py").write_text("print('not the model')")
+    again = ensure_random_model(tmp_path, ModelShape(**SMALL))
+    assert again == first and (again / "model.safetensors").read_bytes() == weights  # the same seed: remade
+    assert not (again / "extra.py").exists() and (again / "CHECKSUMS.json").exists()
+    assert "is not used" in caplog.text and "made again" in caplog.text
+
+
 def test_random_25m_has_at_least_20m_parameters(tmp_path):
     cfg = load_config(["model=random_25m", f"model.cache_dir={tmp_path}"])
     shape = random_model_config(cfg)

@@ -62,15 +62,34 @@ def test_the_dataset_holds_each_trained_episode_once_across_a_restart_and_a_new_
     assert texts.fetchall() == [("[1]",)]  # the prompt, decoded
 
 
-def test_a_dataset_write_that_fails_is_said_at_the_next_add(tmp_path):
-    (tmp_path / "life1").mkdir()
-    (tmp_path / "life1" / "main").write_text("a file where the member's folder goes")
+def test_a_dataset_write_that_fails_turns_the_dataset_off_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    """Review new 9: a full disk under the dataset (an observer) no longer ends the learner."""
+    import errno
+
+    import actors.learner.dataset as dataset_module
+
     dataset = EpisodeDataset(tmp_path, "life1", "main")
     dataset.add(batch(["a"], 0), 1, 0)
-    dataset.flush()  # a checkpoint waits for the write, not on its outcome
-    with pytest.raises(RuntimeError, match="episode dataset under .* failed"):  # the learner's next batch
-        dataset.add(batch(["b"], 1), 2, 1)
+    dataset.flush()
+    real = dataset_module.pq.write_table
+
+    def full(table, where, **kwargs):
+        open(where, "wb").write(b"PAR1 cut")  # a write cut short: its .partial is left
+        raise OSError(errno.ENOSPC, "No space left on device", str(where))
+
+    monkeypatch.setattr(dataset_module.pq, "write_table", full)
+    dataset.add(batch(["b"], 1), 2, 1)  # the learner's next batch: neither add nor flush raises
+    dataset.flush()
+    monkeypatch.setattr(dataset_module.pq, "write_table", real)
+    dataset.add(batch(["c"], 2), 3, 2)  # the disk has room again: the dataset stays off (it would have a gap)
     dataset.close()
+    assert dataset.off and dataset.written["failed"] == 1 and dataset.written["batches"] == 1
+    assert "the dataset is turned off" in caplog.text and "training goes on" in caplog.text
+    files = sorted(p.name for p in (tmp_path / "life1" / "main").iterdir())
+    assert files == ["batch-00000001.parquet", "batch-00000002.parquet.partial"]
+    learner = SimpleNamespace(dataset_dir=str(tmp_path), data_life="life1", policy_id="main")
+    EpisodeDataset.opened(learner, {"life": "life1", "seq": 2}).close()  # the next start removes the cut write
+    assert sorted(p.name for p in (tmp_path / "life1" / "main").iterdir()) == ["batch-00000001.parquet"]
 
 
 def rows(n: int = 4) -> list[dict]:

@@ -159,3 +159,26 @@ def test_an_id_set_keeps_runs_of_ids_as_ranges():
     assert "L/env-0-0-4" not in ids and "L/env-0-0-5" in ids and "L/env-0-1-5" not in ids and "odd" in ids
     assert ids.add("L/env-0-0-4") and ids.ranges == {"L/env-0-0": [[1, 7]]}
     assert sorted(ids) == sorted(["odd", *(f"L/env-0-0-{n}" for n in range(1, 8))])
+
+
+def test_a_batch_line_cut_by_a_full_disk_does_not_swallow_the_next(tmp_path):
+    """The review's demo (new 7): batch 2's line cut off (no newline), then logged again by the restarted replay:
+    both batches are in the log, not one line that does not parse."""
+    spill = Spill(str(tmp_path / "life"))
+    spill.add_batch(1, ["life/env-0-0-1"])
+    with open(spill.dir / BATCH_LOG, "a") as f:
+        f.write('{"seq": 2, "episodes": ["life/env-0-0-2", "life/en')
+    again = Spill(str(tmp_path / "life"))
+    assert again.batches() == {1: ["life/env-0-0-1"]}
+    again.add_batch(2, ["life/env-0-0-2", "life/env-0-0-3"])
+    assert Spill(str(tmp_path / "life")).batches() == {1: ["life/env-0-0-1"],
+                                                       2: ["life/env-0-0-2", "life/env-0-0-3"]}
+
+
+def test_a_starting_replay_removes_the_partial_files_a_cut_write_left(tmp_path):
+    spill = Spill(str(tmp_path / "life"))
+    spill.add_batch(1, ["life/env-0-0-1"])
+    for name in ("state.json.partial", "batches.jsonl.partial", "episodes-1-2.partial"):
+        (spill.dir / name).write_bytes(b"cut")
+    ReplayActor(ReplayConfig(spill_dir=str(spill.dir)))
+    assert sorted(p.name for p in spill.dir.iterdir()) == [BATCH_LOG]

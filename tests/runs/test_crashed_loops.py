@@ -117,3 +117,88 @@ def test_restart_limits_out_of_range_are_refused_naming_the_key(override, messag
 
     with pytest.raises(ValueError, match=message):
         load_config([override])
+
+
+FULL_DISK = """
+from actors.runs.host import ActorHost, DiskFull
+from tests.factories import Ticker
+import time
+host = ActorHost(Ticker, None, "replay")
+host.start({})
+host.call("poke", "disk")
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    try:
+        host.statistics()
+    except DiskFull as error:
+        print("refused:", error)
+        break
+    time.sleep(0.05)
+print("still alive")
+"""
+
+
+def test_an_actor_that_finds_its_disk_full_keeps_its_process_and_says_why():
+    """Review new 9: a dead process's cause never reaches the driver, and a restart would meet the same disk."""
+    done = subprocess.run([sys.executable, "-c", FULL_DISK], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert ("refused: the replay actor found its disk full under /runs/r/replay/life (No space left on device: "
+            "/runs/r/replay/life/batches.jsonl)") in done.stdout
+    assert "still alive" in done.stdout and "the process stays" in done.stderr
+
+
+def test_in_one_process_a_full_disk_ends_the_run_naming_the_actor_and_the_directory():
+    from actors.runs.host import DiskFull
+
+    cluster = LocalCluster()
+    try:
+        cluster.spawn_many([("replay", Ticker, None, {})])
+        cluster.call("replay", "poke", "disk")
+        cluster._loop._thread.join(10)
+        with pytest.raises(DiskFull, match="the replay actor found its disk full under /runs/r/replay/life"):
+            cluster.statistics("replay")
+    finally:
+        cluster.shutdown()
+
+
+def test_a_full_disk_ends_the_run_at_once_naming_where_and_what_it_needs(tmp_path):
+    import pickle
+
+    from actors.cli import load_config
+    from actors.runs import driver as driver_module
+    from actors.runs.host import DiskFull
+    from actors.runs.topology import Topology, plan_groups
+    from tests.factories import FakeCluster
+
+    class RayTaskErrorLike(DiskFull):  # Ray's shape: a subclass of the actor's error, which is its ``cause``
+        def __init__(self, cause):
+            Exception.__init__(self, cause)
+            self.cause = cause
+
+        def __str__(self):
+            return "ray::ActorHost.statistics() (pid=1, ip=127.0.0.1)"
+
+    class FullReplay(FakeCluster):
+        def statistics(self, name):
+            if name == "replay":  # pickled on its way from the actor's process
+                cause = pickle.loads(pickle.dumps(DiskFull("replay", str(tmp_path / "r" / "replay"), "No space")))
+                raise RayTaskErrorLike(cause)
+            return super().statistics(name)
+
+        def is_dead(self, error):  # Ray: a raised error (RayTaskError), not a dead actor (RayActorError)
+            return not isinstance(error, DiskFull)
+
+    cfg = load_config([f"run.dir={tmp_path}", "run.name=r", "model.path=/m", "observe.tensorboard=false"])
+    run = driver_module.Driver(cfg)
+    run.base_model = tmp_path / "model"
+    run.base_model.mkdir()
+    (run.base_model / "model.safetensors").write_bytes(b"\0" * 2**20)
+    run.cluster, run.top = FullReplay(), Topology(plan_groups(cfg, "base", run.dir), envs=["env-0"])
+    with pytest.raises(RuntimeError) as ended:
+        run._tick()
+    message = str(ended.value)
+    assert f"the replay actor found its disk full under {tmp_path}/r/replay" in message
+    assert "MiB free; the run needs at least 6 MiB free under" in message  # two checkpoints of 3 x 1 MiB
+    assert f"continue it with `tidal launch resume={run.dir} model.path=/m`" in message
+    assert run.cluster.restarted == [] and run.restarts == {}  # no restart spent on it

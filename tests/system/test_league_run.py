@@ -61,7 +61,7 @@ def test_a_killed_three_player_league_resumes_with_its_ratings(tiny_model_dir, t
 
     target = killed["stats"]["matches"] + 20
     resumed = subprocess.run([sys.executable, "-m", "actors.cli", "league", "run", f"resume={run}",
-                              f"run.max_matches={target}", "run.minutes=4"], capture_output=True, text=True, timeout=400)
+                              f"run.max_matches={target}", "run.minutes=4", f"model.path={tiny_model_dir}"], capture_output=True, text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (f"league resumed: {rated} matches" in resumed.stderr
             and f"({len(journaled) - killed['stats']['results']} results replayed from the journal)" in resumed.stderr)

@@ -48,6 +48,7 @@ def test_a_killed_run_resumes_at_its_checkpointed_version(tiny_model_dir, tmp_pa
 
     resumed = subprocess.run(
         [sys.executable, "-m", "actors.cli", "launch", f"resume={run}", f"run.max_versions={version + 2}",
+         f"model.path={tiny_model_dir}",  # a resume takes the model only from its command line
          "run.mode=ray", "ray.num_cpus=2"], capture_output=True, text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
