@@ -14,6 +14,7 @@ import random
 import struct
 import threading
 import time
+from dataclasses import dataclass
 
 import pyarrow as pa
 import trio
@@ -173,6 +174,11 @@ class FakeCluster:
 
     def is_dead(self, error):
         return True
+
+
+@dataclass
+class TickerConfig:
+    """A ``Ticker``'s config: nothing to set, but a dataclass, as a cluster's ``restart`` replaces its fields."""
 
 
 class Ticker:

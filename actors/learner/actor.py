@@ -53,7 +53,7 @@ from actors.models.checkpoints import load_trainer_state
 from actors.models.checkpoint_dir import TRAINER_STATE, find_checkpoint, fresh_beside, swap_in
 from actors.learner.dataset import EpisodeDataset
 from actors.learner.face import LearnerStatistics
-from actors.models.devices import check_device, check_dtype
+from actors.models.devices import DTYPES, check_device, check_dtype
 from actors.models.snapshots import snapshot_id
 from actors.learner.group import Shard, join_group, open_rendezvous
 from actors.learner.guard import CollapseGuard, Guard
@@ -85,7 +85,8 @@ class LearnerConfig:
     temperature: float = 1.0
     threads: int = 1
     device: str = "auto"  # auto: CUDA when present, else the CPU; cpu; cuda; cuda:<i>
-    dtype: str = "auto"  # what the passes compute in (auto: bf16 on a GPU, fp32 on the CPU); parameters stay fp32
+    dtype: str = "auto"  # what the passes compute in (auto: bf16 on a GPU, fp32 on the CPU; fp16 refused: no loss
+    # scaler); parameters, gradients and optimizer state stay fp32
     max_tokens_per_microbatch: int | None = None  # padded tokens (rows x longest) a pass takes; None: a minibatch
     activation_checkpointing: bool = False  # recompute each block's activations in the backward pass (less memory)
     ranks: int = 1  # learner processes training the policy data-parallel (FSDP2); this actor is rank 0
@@ -107,7 +108,10 @@ class LearnerConfig:
             self.guard = Guard(**self.guard)
         parse_max_staleness(self.max_staleness)
         check_device(self.device)
-        check_dtype(self.dtype)
+        if DTYPES[check_dtype(self.dtype)] is torch.float16:
+            raise ValueError(f"dtype={self.dtype}: the learner does not compute in float16, which needs a loss "
+                             "scaler it does not have (its small gradients underflow to zero); use bf16 (a GPU's "
+                             "default with dtype=auto) or float32")
         if self.ranks < 1:
             raise ValueError(f"ranks must be >= 1, not {self.ranks}")
         if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:

@@ -4,7 +4,7 @@ A learner group is ``learner.ranks`` processes that train one policy data-parall
 them with FSDP2 (``fully_shard``, one unit per transformer block) on torch.distributed, NCCL on GPUs and gloo on
 CPUs. Rank 0 is the ``LearnerActor``: it receives the batches, keeps the version and publishes weights; ranks 1..
 (``LearnerRankActor``) follow it. Rank 0 opens a store (``open_rendezvous``) and every rank joins the group there
-(``join_group``).
+(``join_group``), then proves that it was given the group's secret (``proved_members``).
 
 Every ``Trainer`` method marked ``collective`` runs on every rank: on rank 0 it first broadcasts its name and
 arguments (a pickled message on the gloo ``control_group``), and the other ranks, waiting in ``Trainer.serve``,
@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import hmac
 import logging
 import os
+import secrets
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -76,28 +80,94 @@ def control_group():
     return _CONTROL["group"]
 
 
+class GroupIntruder(RuntimeError):
+    """A process in the learner group's rendezvous could not prove it knows the group's secret."""
+
+
 def open_rendezvous(host: str, world: int):
-    """Rank 0's store, on a free port of ``host``: the other ranks meet there (returns the store, 'host:port')."""
+    """Rank 0's store, listening on a free port of ``host`` only (torch's own would listen on every interface),
+    and the rendezvous the other ranks are given: ``<secret>@<host>:<port>``. The secret is fresh for each start
+    of the group and travels only with the rendezvous (through Ray, to each rank's config), never through the
+    store, which anyone who reaches the port can read (``proved_members``)."""
     import torch.distributed as dist
 
-    store = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False, timeout=GROUP_TIMEOUT)
-    return store, f"{host}:{store.port}"
+    listener = socket.create_server((host, 0))
+    port = listener.getsockname()[1]
+    store = dist.TCPStore(host, port, world, is_master=True, wait_for_workers=False, timeout=GROUP_TIMEOUT,
+                          master_listen_fd=listener.detach())
+    return store, f"{secrets.token_hex(16)}@{host}:{port}"
+
+
+def parse_rendezvous(rendezvous: str) -> tuple[str, str, int]:
+    """(secret, host, port) of a rendezvous that `open_rendezvous` made; ValueError naming it otherwise."""
+    secret, _, address = rendezvous.rpartition("@")
+    host, _, port = address.rpartition(":")
+    if not secret or not host or not port.isdigit():
+        raise ValueError(f"a learner group's rendezvous is '<secret>@<host>:<port>', not {rendezvous!r}")
+    return secret, host, int(port)
 
 
 def join_group(shard: Shard, device: torch.device, rendezvous: str, store=None) -> None:
-    """Join the learner group's process group (rank 0 passes the store it opened)."""
+    """Join the learner group's process group (rank 0 passes the store it opened) on ``device``, and prove to
+    each other that every member is the run's own (`proved_members`) before anything else is sent.
+
+    On a GPU this process's current device becomes ``device``, and NCCL's communicator is bound to it
+    (``device_id``). Without both, a rank that sees several GPUs gets ``cuda:0`` wherever torch asks for the
+    current device (FSDP's shards, NCCL's collectives) and the group fails with NCCL's "Duplicate GPU detected"."""
     import torch.distributed as dist
 
+    secret, host, port = parse_rendezvous(rendezvous)
     if store is None:
-        host, port = rendezvous.rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), shard.world, is_master=False, timeout=GROUP_TIMEOUT)
-    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", store=store, rank=shard.rank,
-                            world_size=shard.world, timeout=GROUP_TIMEOUT)
-    control_group()
+        store = dist.TCPStore(host, port, shard.world, is_master=False, timeout=GROUP_TIMEOUT)
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl" if on_gpu else "gloo", store=store, rank=shard.rank,
+                            world_size=shard.world, timeout=GROUP_TIMEOUT, device_id=device if on_gpu else None)
+    proved_members(shard, secret)
+
+
+def proved_members(shard: Shard, secret: str) -> None:
+    """Every rank of the group proves it knows ``secret``, and checks every other rank's proof, with tensors only
+    (nothing is unpickled before this passes); `GroupIntruder` otherwise.
+
+    The store cannot keep strangers out: anyone who reaches its port can list and write its keys, and so take a
+    rank's place in the group; a rank then receives rank 0's pickled commands and rank 0 unpickles the ranks' plans
+    when a checkpoint is written. So each rank draws a nonce, the nonces are gathered, and each rank sends the
+    HMAC of them all and its rank under the secret, which only the run's own ranks were given (through Ray): a
+    stranger cannot make one, nor replay an old one (the nonces are fresh)."""
+    import torch.distributed as dist
+
+    group = control_group()
+    nonce = torch.frombuffer(bytearray(os.urandom(16)), dtype=torch.uint8)
+    nonces = [torch.empty_like(nonce) for _ in range(shard.world)]
+    dist.all_gather(nonces, nonce, group=group)
+    challenge = b"".join(bytes(n.tolist()) for n in nonces)
+
+    def proof(rank: int) -> bytes:
+        return hmac.new(secret.encode(), challenge + rank.to_bytes(4, "big"), hashlib.sha256).digest()
+
+    mine = torch.frombuffer(bytearray(proof(shard.rank)), dtype=torch.uint8)
+    proofs = [torch.empty_like(mine) for _ in range(shard.world)]
+    dist.all_gather(proofs, mine, group=group)
+    strangers = [rank for rank, given in enumerate(proofs) if not hmac.compare_digest(bytes(given.tolist()),
+                                                                                       proof(rank))]
+    if strangers:
+        raise GroupIntruder(f"rank {shard.rank} of the learner group: rank(s) {strangers} did not prove they know the "
+                            "group's secret: a process that is not the run's own joined its rendezvous")
+
+
+def on_device(device: torch.device):
+    """A block in which ``device`` is the current CUDA device (on the CPU: nothing to do). The current device is
+    per thread, and a learner's methods run in whichever worker thread trio gives them: each collective method
+    sets it again (``collective``)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def shard_model(model, world: int, device: torch.device, dtype: torch.dtype) -> None:
-    """FSDP2 over the group: each transformer block (the model's ``_no_split_modules``) a unit, then the rest."""
+    """FSDP2 over the group: each transformer block (the model's ``_no_split_modules``) a unit, then the rest.
+    ``model`` may be on the CPU: each unit's parameters move to ``device`` as it is sharded, so a rank's GPU
+    never holds the whole unsharded model (only one block of it at a time)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -111,14 +181,15 @@ def shard_model(model, world: int, device: torch.device, dtype: torch.dtype) -> 
 
 
 def collective(method):
-    """A method every rank runs: rank 0 tells the others first (see the module's docstring). The method's
-    object has a ``shard``."""
+    """A method every rank runs: rank 0 tells the others first (see the module's docstring), on the rank's device
+    (``on_device``). The method's object has a ``shard`` and a ``device``."""
 
     @functools.wraps(method)
     def run(self, *args):
         if self.shard.world == 1:
-            return method(self, *args)
-        with group_failure(self.shard):
+            with on_device(self.device):
+                return method(self, *args)
+        with group_failure(self.shard), on_device(self.device):
             if self.shard.rank == 0:
                 import torch.distributed as dist
 

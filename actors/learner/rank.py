@@ -9,7 +9,7 @@ whole, from the last checkpoint (``actors/runs/recovery.py``).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class RankConfig:
     learner: LearnerConfig  # the group's learner config (rank 0's)
     rank: int
-    rendezvous: str  # rank 0's store, host:port
+    rendezvous: str = field(repr=False)  # rank 0's store, '<secret>@<host>:<port>' (actors/learner/group.py)
 
     def __post_init__(self):
         if isinstance(self.learner, dict):

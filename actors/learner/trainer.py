@@ -10,9 +10,14 @@ gradients.
 A checkpoint is a directory: the policy as a Hugging Face model (rank 0 gathers the full weights), the
 optimizer's state written by every rank with torch.distributed.checkpoint (``optimizer/``: it loads on any
 number of ranks), and ``trainer_state.pt`` (the version, the data cursor, baselines, counters), all of it read
-back as plain data, never unpickled objects (``actors/models/checkpoints.py``). The model's
-parameters stay fp32; ``dtype`` (bf16 on a GPU) is what its passes compute in (FSDP's mixed precision, or
-autocast with one rank), and log-probs are fp32.
+back as plain data, never unpickled objects (``actors/models/checkpoints.py``).
+
+Precision: the policy's parameters, its gradients and AdamW's moments are fp32 whatever the checkpoint's dtype
+(transformers loads a model in the dtype it was saved in: a bf16 checkpoint trained in bf16 would round most
+updates away); ``dtype`` (bf16 on a GPU, never fp16: there is no loss scaler) is what the passes compute in:
+autocast with one rank, FSDP's mixed precision in a group, the same for the reference model as for the policy
+(sharded like it), so that their KL is zero before the first step; log-probs are fp32. The guard's anchors are
+kept on the CPU.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from actors.models.checkpoint_dir import OPTIMIZER_DIR, TRAINER_STATE
 from actors.models.devices import resolve_device, resolve_dtype
 from actors.models.snapshots import write_snapshot
 from actors.learner.batch import collate
-from actors.learner.group import Shard, collective, control_group, group_failure, shard_model
+from actors.learner.group import Shard, collective, control_group, group_failure, on_device, shard_model
 from actors.learner.update import ObjectiveState, policy_gradient_step
 from streams.values import check_rows
 
@@ -66,8 +71,8 @@ class Trainer:
         torch.set_num_threads(self.cfg.threads)
         torch.manual_seed(self.cfg.seed)
         self.model, self.tokenizer = self._policy(checkpoint or self.cfg.model_path)
-        if self.cfg.objective.anchored:
-            self.reference = load_policy(self.cfg.model_path)[0].to(self.device)  # forward only: not sharded
+        if self.cfg.objective.anchored:  # forward only, computed as the policy is (sharded with it in a group)
+            self.reference = self._placed(load_policy(self.cfg.model_path)[0].requires_grad_(False))
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=0.0)
         self._fresh_optimizer = copy.deepcopy(self.optimizer.state_dict())
         if checkpoint is None:
@@ -87,19 +92,25 @@ class Trainer:
 
     def _policy(self, path):
         model, tokenizer = load_policy(path)
-        model.to(self.device)  # fp32 parameters: the optimizer's master copy
         if self.cfg.activation_checkpointing:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
+        return self._placed(model), tokenizer
+
+    def _placed(self, model):
+        """``model`` in fp32 (the optimizer's master copy, whatever dtype it was saved in) on this rank's device:
+        moved whole with one rank; in a group sharded from the CPU, so that no rank's GPU holds it whole."""
+        model.to(torch.float32)
         if self.shard.world > 1:
             shard_model(model, self.shard.world, self.device, self.dtype)
-        return model, tokenizer
+            return model
+        return model.to(self.device)
 
     def _load_optimizer(self, path: Path) -> None:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
         state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
-        load_optimizer(state, path)
+        load_optimizer(state, path, process_group=control_group())
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
 
     def update(self, table, lr: float, version: int) -> dict:
@@ -167,9 +178,9 @@ class Trainer:
         # an optimizer that took no step yet (a reset's, or before the first update) has no state to save; and
         # torch would make one up (a zero step) only where no gradient is left over: so none is saved, and said so
         fresh = not self.optimizer.state
-        if not fresh:
+        if not fresh:  # coordinated over the gloo control group: no NCCL collective on whichever device is current
             dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
-                     checkpoint_id=str(directory / OPTIMIZER_DIR))
+                     checkpoint_id=str(directory / OPTIMIZER_DIR), process_group=control_group())
         if self.shard.rank == 0:
             self.model.save_pretrained(directory, state_dict=full)
             self.tokenizer.save_pretrained(directory)
@@ -196,14 +207,18 @@ class Trainer:
     @collective
     def keep_anchor(self) -> None:
         """Hold the current weights (each rank its shards) as the newest anchor a guard's rollback returns to;
-        two are kept, a rollback takes the older."""
-        weights = {name: value.detach().clone() for name, value in self.model.state_dict().items()}
+        two are kept, a rollback takes the older. They are kept on the CPU: two fp32 copies of the weights on the
+        GPU would cost twice the parameters' memory."""
+        weights = {name: local(value).detach().to("cpu", copy=True) for name, value in self.model.state_dict().items()}
         self._anchors = [*self._anchors, weights][-2:]
 
     @collective
     def restore_anchor(self) -> None:
-        """Back to the older anchor's weights, with a fresh optimizer (its moments belong to the collapse)."""
-        self.model.load_state_dict(self._anchors[0])
+        """Back to the older anchor's weights, with a fresh optimizer (its moments belong to the collapse): each
+        tensor copied into its place (each rank its shards)."""
+        with torch.no_grad():
+            for name, value in self.model.state_dict().items():
+                local(value).copy_(self._anchors[0][name])
         self.optimizer.load_state_dict(self._fresh_optimizer)
         self._anchors = self._anchors[:1]
 
@@ -220,12 +235,17 @@ class Trainer:
 
         while True:
             message = [None]
-            with group_failure(self.shard):
+            with group_failure(self.shard), on_device(self.device):
                 dist.broadcast_object_list(message, src=0, group=control_group())
                 name, args = message[0]
                 if name == "stop":
                     return
                 getattr(Trainer, name).__wrapped__(self, *args)
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor``: a sharded tensor's local shard (sharing its storage), else itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def finite(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

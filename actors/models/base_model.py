@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -164,3 +165,15 @@ def load_policy(path: str | Path):
 
     hf_logging.disable_progress_bar()
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def stored_parameters(path: str | Path) -> int:
+    """How many numbers the model directory ``path`` holds in its safetensors files (read from their headers, no
+    tensor loaded): what a copy of the model costs, at any dtype."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(file, framework="pt") as f:
+            total += sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())
+    return total

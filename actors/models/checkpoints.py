@@ -128,8 +128,9 @@ def read_metadata(stream):
     return unpickler.load()
 
 
-def load_optimizer(state: dict, path: Path) -> None:
-    """``dcp.load(state, path)``, reading only data (see the module's docstring)."""
+def load_optimizer(state: dict, path: Path, process_group=None) -> None:
+    """``dcp.load(state, path)``, reading only data (see the module's docstring), coordinated over
+    ``process_group`` (a learner group's gloo control group: no NCCL collective on whichever device is current)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 
@@ -151,7 +152,7 @@ def load_optimizer(state: dict, path: Path) -> None:
         def load_bytes(self, read_item, value: io.BytesIO) -> None:
             super().load_bytes(read_item, io.BytesIO(_plain_bytes(value)))
 
-    dcp.load(state, storage_reader=Reader(str(path)), planner=Planner())
+    dcp.load(state, storage_reader=Reader(str(path)), planner=Planner(), process_group=process_group)
 
 
 def _plain_bytes(value: io.BytesIO) -> bytes:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import torch
 import trio
 
-from actors.models.base_model import load_policy
+from actors.models.base_model import load_policy, stored_parameters
 from actors.models.devices import check_device, check_dtype, resolve_device, resolve_dtype
 from actors.rollout.face import RolloutStatistics
 from actors.rollout.hf_engine import HfEngine, HfSampler, SnapshotCache
@@ -220,8 +220,11 @@ def start_engine(cfg: RolloutConfig, weights: HeldWeights, name: str) -> Engine:
         stop = StopStrings.of(tokenizer, cfg.stop)
         sampler = HfSampler(tokenizer, device, dtype, cfg.seed, Served(), stop)
         options = dataclasses.replace(cfg.vllm, dtype=cfg.vllm.dtype or cfg.dtype)
+        # on a GPU, room for the snapshots the hf sampler may hold beside the engine (`gpu_share`)
+        reserve = (cfg.max_snapshots * stored_parameters(cfg.model_path) * dtype.itemsize
+                   if cfg.snapshot_dir and device.type == "cuda" else 0)
         vllm = VllmSampler(cfg.model_path, tokenizer.eos_token_id, options=options, threads=cfg.threads,
-                           max_seqs=cfg.max_batch, seed=cfg.seed, name=name, stop=stop)
+                           max_seqs=cfg.max_batch, seed=cfg.seed, name=name, stop=stop, reserve_bytes=reserve)
         return VllmEngine(vllm, _snapshots(cfg, sampler, name), weights, max_batch=cfg.max_batch)
     model, tokenizer = load_policy(cfg.model_path)
     sampler = HfSampler(tokenizer, device, dtype, cfg.seed, Served(), StopStrings.of(tokenizer, cfg.stop))

@@ -149,7 +149,7 @@ def sample(model, prompts: list[list[int]], *, eos_id: int, pad_id: int, tempera
            swap_weights: Callable[[], int | None] | None = None, stop: StopStrings | None = None) -> list[Sample]:
     """Sample a continuation of every prompt; ``version`` is the version of the weights in ``model`` now.
 
-    ``generator`` should be on the model's device (`device_generator`); one on another device seeds a generator
+    ``generator`` should be on the model's device (`device_generator`); one on another kind of device seeds one
     on the model's device for this call (reproducible, without moving the probabilities off the device).
     ``stop``: strings that end a row, kept in it (module docstring)."""
     if not prompts:
@@ -157,8 +157,7 @@ def sample(model, prompts: list[list[int]], *, eos_id: int, pad_id: int, tempera
     if any(not p for p in prompts):
         raise ValueError("empty prompt: every prompt needs at least one token")
     device = next(model.parameters()).device
-    if generator is not None and generator.device != device:
-        generator = device_generator(device, int(torch.randint(2**62, (), generator=generator)))
+    generator = generator_for(device, generator)
     width = max(map(len, prompts))
     input_ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
     starts = torch.tensor([width - len(p) for p in prompts], device=device)
@@ -199,3 +198,15 @@ def sample(model, prompts: list[list[int]], *, eos_id: int, pad_id: int, tempera
 def device_generator(device: torch.device | str, seed: int) -> torch.Generator:
     """A random generator on ``device`` (a torch.Generator draws on its own device only), seeded."""
     return torch.Generator(device=device).manual_seed(seed)
+
+
+def generator_for(device: torch.device, generator: torch.Generator | None) -> torch.Generator | None:
+    """``generator`` if it draws on ``device``'s kind of device, else a generator on ``device`` seeded from it.
+
+    The kinds are compared, not the devices: torch checks only a generator's device type, and a generator made for
+    ``cuda`` reports no index while the model's parameters are on ``cuda:0`` (comparing the devices sent every GPU
+    rollout down the reseeding path). The seed is drawn on the generator's own device, the only one it draws on."""
+    if generator is None or generator.device.type == device.type:
+        return generator
+    seed = int(torch.randint(2**62, (), generator=generator, device=generator.device))
+    return device_generator(device, seed)

@@ -69,7 +69,9 @@ class RequestRefused(ValueError):
 class VllmOptions:
     dtype: str | None = None  # null: the rollout's dtype (auto: bfloat16 on a GPU, float32 on the CPU)
     kv_cache_gib: float | None = None  # the KV cache's memory; null: gpu_memory_utilization sizes it (CPU: 1 GiB)
-    gpu_memory_utilization: float = 0.9  # share of the GPU's memory for the engine (weights, activations, KV cache)
+    # share of the GPU's memory for the engine (weights, activations, KV cache); null: 0.9 of what is free when it
+    # starts, less room for the league snapshots the same actor's hf sampler may hold (`gpu_share`)
+    gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = 1  # workers (GPUs; on the CPU, processes) one engine spreads the model over
     max_num_seqs: int | None = None  # null: the rollout's max_batch
     enable_prefix_caching: bool | None = None  # null: vLLM's default
@@ -90,7 +92,7 @@ class VllmOptions:
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or value < low):
                 raise ValueError(f"rollout.args.vllm.{key} must be an integer >= {low}, not {value!r}")
-        if not 0 < self.gpu_memory_utilization <= 1:
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("rollout.args.vllm.gpu_memory_utilization must be in (0, 1], "
                              f"not {self.gpu_memory_utilization!r}")
         if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
@@ -166,7 +168,8 @@ class VllmSampler:
     ``stop``: the stop strings (`StopStrings`), or None."""
 
     def __init__(self, model_path: str, eos_id: int, *, options: VllmOptions | None = None, threads: int = 1,
-                 max_seqs: int = 256, seed: int = 0, name: str = "rollout", stop: StopStrings | None = None):
+                 max_seqs: int = 256, seed: int = 0, name: str = "rollout", stop: StopStrings | None = None,
+                 reserve_bytes: int = 0):
         self.options = options or VllmOptions()
         self.eos_id, self.name, self.version, self.stop = eos_id, name, 0, stop
         self.stats = {"submissions": 0, "resumed": 0, "weight_loads": 0, "weight_loads_in_memory": 0,
@@ -179,9 +182,9 @@ class VllmSampler:
         self._loading = False
         self._changed = trio.Event()  # set (and replaced) whenever _submitting or _loading changes
         self._thread = AsyncioThread(f"{name}-vllm")
-        self._engine = self._thread.call(self._start(model_path, threads, max_seqs, seed))
+        self._engine = self._thread.call(self._start(model_path, threads, max_seqs, seed, reserve_bytes))
 
-    async def _start(self, model_path: str, threads: int, max_seqs: int, seed: int):
+    async def _start(self, model_path: str, threads: int, max_seqs: int, seed: int, reserve_bytes: int):
         # One process for the scheduler and the model (the "uni" executor): each process vLLM spawns imports it
         # anew, which costs tens of seconds of a start on a small machine. OpenMP threads are not pinned to cores
         # that other actors share.
@@ -196,7 +199,7 @@ class VllmSampler:
                 model=model_path, seed=seed, max_num_seqs=self.options.max_num_seqs or max_seqs,
                 logprobs_mode="processed_logprobs", disable_log_stats=True, use_tqdm_on_load=False,
                 worker_extension_cls="actors.rollout.vllm_worker.WeightsFromMemory",
-                **engine_options(self.options, on_cpu=current_platform.is_cpu())))
+                **engine_options(self.options, on_cpu=current_platform.is_cpu(), reserve_bytes=reserve_bytes)))
 
     async def sample(self, prompt: list[int], *, temperature: float, max_tokens: int) -> Sample:
         """A continuation of ``prompt``, resumed from its prefix whenever new weights interrupt it."""
@@ -389,15 +392,39 @@ class VllmEngine:
         self.sampler.close()
 
 
-def engine_options(o: VllmOptions, *, on_cpu: bool) -> dict:
-    """The AsyncEngineArgs that ``o`` sets, for an engine on the CPU (vLLM's CPU build) or on GPUs."""
+GPU_HEADROOM = 0.9  # a null gpu_memory_utilization takes this share of the memory free for the engine
+MIN_GPU_SHARE = 0.05  # less than this of the GPU is too little for an engine: refused, naming the settings
+
+
+def gpu_share(free_bytes: int, total_bytes: int, reserve_bytes: int = 0) -> float:
+    """A null ``gpu_memory_utilization``: ``GPU_HEADROOM`` of the GPU's memory that is free when the engine starts
+    (a learner or another engine on the same GPU has taken its own by then), less ``reserve_bytes`` kept for the
+    league snapshots that the same actor's hf sampler loads later, as a share of the GPU's whole memory (what
+    vLLM's setting means). 0.9 of the whole GPU, the old default, left nothing for either."""
+    share = GPU_HEADROOM * (free_bytes - reserve_bytes) / total_bytes
+    if share < MIN_GPU_SHARE:
+        raise RuntimeError(
+            f"rollout.args.vllm: {free_bytes / 2**30:.1f} GiB of the GPU's {total_bytes / 2**30:.1f} GiB are free, "
+            f"{reserve_bytes / 2**30:.1f} GiB of them kept for league snapshots (rollout.args.max_snapshots): too "
+            "little for the engine; set rollout.args.vllm.gpu_memory_utilization or kv_cache_gib, or keep fewer "
+            "snapshots")
+    return share
+
+
+def engine_options(o: VllmOptions, *, on_cpu: bool, reserve_bytes: int = 0) -> dict:
+    """The AsyncEngineArgs that ``o`` sets, for an engine on the CPU (vLLM's CPU build) or on GPUs (a null
+    ``gpu_memory_utilization`` there: `gpu_share` of the current device, ``reserve_bytes`` kept)."""
     kv_cache_gib = 1 if o.kv_cache_gib is None and on_cpu else o.kv_cache_gib
+    share = o.gpu_memory_utilization
+    if share is None:  # with a KV cache size given, vLLM sizes nothing by the share
+        share = GPU_HEADROOM if on_cpu or kv_cache_gib is not None else gpu_share(*torch.cuda.mem_get_info(),
+                                                                                  reserve_bytes)
     dtype = resolve_dtype(o.dtype or "auto", torch.device("cpu" if on_cpu else "cuda"))
     return dict(
         dtype=str(dtype).removeprefix("torch."), max_model_len=o.max_model_len, enforce_eager=o.enforce_eager,
         # on a GPU a null kv_cache_gib leaves the KV cache to gpu_memory_utilization; on the CPU a size is given
         kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
-        gpu_memory_utilization=o.gpu_memory_utilization, enable_prefix_caching=o.enable_prefix_caching,
+        gpu_memory_utilization=share, enable_prefix_caching=o.enable_prefix_caching,
         tensor_parallel_size=o.tensor_parallel_size,
         # "uni" (the worker in the engine's process) serves one worker only; several need vLLM's "mp" executor
         distributed_executor_backend="uni" if o.tensor_parallel_size == 1 else "mp")

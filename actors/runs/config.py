@@ -113,6 +113,8 @@ class RunSection:
     max_restarts: int = 5  # restarts of one actor within restart_window_s; one more death ends the run
     restart_window_s: float = 600.0
     restart_backoff_s: float = 2.0  # an actor's 2nd restart within the window waits this long after its 1st, then x2
+    ping_timeout_s: float = 30.0  # run.mode=ray: an actor that answers no health check within this is silent ...
+    ping_misses: int = 3  # ... and one silent this many checks in a row is hung: its stacks logged, it is restarted
 
 
 @dataclass
@@ -310,7 +312,9 @@ def check(cfg: RunConfig) -> None:
     for key, value, ok, wanted in (("max_restarts", run.max_restarts, run.max_restarts >= 1, ">= 1 (run.restart="
                                     "false restarts nothing)"), ("restart_window_s", run.restart_window_s,
                                    run.restart_window_s > 0, "> 0"),
-                                   ("restart_backoff_s", run.restart_backoff_s, run.restart_backoff_s >= 0, ">= 0")):
+                                   ("restart_backoff_s", run.restart_backoff_s, run.restart_backoff_s >= 0, ">= 0"),
+                                   ("ping_timeout_s", run.ping_timeout_s, run.ping_timeout_s > 0, "> 0"),
+                                   ("ping_misses", run.ping_misses, run.ping_misses >= 1, ">= 1")):
         if not ok:
             problems.append(f"run.{key}={value}: must be {wanted}")
     for key, count in (("env.count", cfg.env.count), ("rollout.count", cfg.rollout.count),

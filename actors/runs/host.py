@@ -12,9 +12,13 @@ the error, naming the actor, ends the run (one process cannot restart one actor)
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
+import socket
 import threading
+import time
 
 import trio
 
@@ -139,6 +143,8 @@ class ActorHost:
     def __init__(self, actor_cls, cfg, name: str, host: str = "127.0.0.1", curve_dir: str | None = None,
                  rebind: list[str] = ()):
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+        # SIGUSR1 writes every thread's stack to the log: what the driver asks of an actor that stopped answering
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
         self.actor = actor_cls(cfg, name=name)
         self.transport = ZmqTransport(host=host, curve=CurveKeys.load(curve_dir) if curve_dir else None,
                                       rebind=rebind)
@@ -161,8 +167,17 @@ class ActorHost:
     def statistics(self) -> dict:
         return self._loop.call(self.actor.statistics)
 
+    def ping(self) -> float:
+        """Answered on the actor's loop, at once: the health check's sign that the loop runs (its statistics may
+        take longer; a learner's update runs in a worker thread and does not hold the loop)."""
+        return self._loop.call(time.monotonic)
+
     def pid(self) -> int:
         return os.getpid()
+
+    def where(self) -> dict:
+        """This process's pid and host: where the driver sends a silent actor's SIGUSR1 (its stacks)."""
+        return {"pid": os.getpid(), "host": socket.gethostname()}
 
     def stop(self) -> None:
         self._loop.stop()

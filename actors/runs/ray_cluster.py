@@ -17,11 +17,14 @@ import dataclasses
 import logging
 import os
 import secrets
+import signal
+import socket
 import stat
 from pathlib import Path
 
 from actors.runs.config import RaySection, RunSection
 from actors.runs.host import STOP_TIMEOUT_S, ActorHost, LocalCluster
+from actors.runs.recovery import NO_ANSWER, Liveness
 from streams.private_files import write_private
 from streams.security import CurveKeys, is_loopback
 
@@ -143,7 +146,8 @@ class RayCluster:
     a node that has them. ``host="node"`` binds each actor's streams on its own node's address."""
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, host: str = "127.0.0.1",
-                 curve_dir: str | None = None, resources: dict | None = None, dashboard: bool = False):
+                 curve_dir: str | None = None, resources: dict | None = None, dashboard: bool = False,
+                 liveness: Liveness | None = None):
         import ray
 
         if host != NODE_HOST and not is_loopback(host) and not curve_dir:  # fail here, before any actor starts
@@ -166,6 +170,8 @@ class RayCluster:
             if beyond:
                 raise ValueError(f"ray.host=node binds streams on the nodes' addresses, {beyond} beyond loopback: "
                                  "set ray.curve_dir to the cluster's CURVE keys (see README, 'Security')")
+        self.liveness = liveness or Liveness()  # the health check's deadline (statistics_within)
+        self.places: dict[str, dict] = {}  # actor -> its pid and host (ActorHost.where)
         self.handles: dict[str, object] = {}
         self.groups: dict[str, tuple] = {}  # actor name -> (placement group, bundle index): a learner group's
         self.specs: dict[str, tuple] = {}  # name -> (class, config, peers, bound addresses): what a restart needs
@@ -223,6 +229,7 @@ class RayCluster:
         addresses = self.ray.get(starting)
         for name, actor_cls, cfg, peers in actors:
             self.specs[name] = (actor_cls, cfg, peers, self.ray.get(self.handles[name].bound.remote()))
+            self.places[name] = self.ray.get(self.handles[name].where.remote())
         return addresses
 
     def restart(self, name: str, **changes) -> dict:
@@ -265,8 +272,61 @@ class RayCluster:
     def statistics(self, name: str) -> dict:
         return self.ray.get(self.handles[name].statistics.remote())
 
+    def statistics_within(self, names: list[str]) -> dict:
+        """Each of ``names``' statistics, asked of all at once: a ping on its loop, then its statistics, each within
+        ``liveness.timeout_s``; ``NO_ANSWER`` for an actor that answered either too late, the error for a dead
+        one. The health check of ``recovery.statistics_or_recover``: it never waits longer than twice the
+        deadline, whatever an actor does."""
+        pings = {name: self.handles[name].ping.remote() for name in names}
+        answers, asked = {}, {}
+        in_time = self._answered(pings)
+        for name, ref in pings.items():
+            try:
+                if ref not in in_time:
+                    answers[name] = NO_ANSWER
+                    continue
+                self.ray.get(ref)
+                asked[name] = self.handles[name].statistics.remote()
+            except Exception as error:  # a dead actor's ping: its error, for the caller to judge
+                answers[name] = error
+        in_time = self._answered(asked)
+        for name, ref in asked.items():
+            try:
+                answers[name] = self.ray.get(ref) if ref in in_time else NO_ANSWER
+            except Exception as error:
+                answers[name] = error
+        return {name: answers[name] for name in names}
+
+    def _answered(self, refs: dict) -> set:
+        """Those of ``refs`` (name -> object ref) ready within the liveness deadline."""
+        if not refs:
+            return set()
+        ready, _ = self.ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.liveness.timeout_s)
+        return set(ready)
+
+    def log_stacks(self, name: str) -> None:
+        """Have a silent actor's process write its threads' stacks to its log (SIGUSR1: ``ActorHost``'s
+        faulthandler), where it runs on this host."""
+        place = self.places.get(name)
+        if place is None or place["host"] != socket.gethostname():
+            log.error("%s is silent; it runs on %s, where its stacks cannot be asked for from here", name,
+                      place["host"] if place else "an unknown host")
+            return
+        try:
+            os.kill(place["pid"], signal.SIGUSR1)
+            log.error("%s is silent: its stacks are asked for (SIGUSR1 to pid %d) and written to its log if it "
+                      "still runs", name, place["pid"])
+        except OSError as error:
+            log.error("%s is silent; its stacks could not be asked for: %s", name, error)
+
     def shutdown(self) -> None:
-        stops = [handle.stop.remote() for handle in self.handles.values()]
+        pings = {name: handle.ping.remote() for name, handle in self.handles.items()}
+        in_time = self._answered(pings)
+        silent = sorted(name for name, ref in pings.items() if ref not in in_time)
+        if silent:  # a stuck actor cannot stop: waiting STOP_TIMEOUT_S for it would hold the run's end
+            log.warning("%s answered no ping within %g s: killed without waiting for them to stop", silent,
+                        self.liveness.timeout_s)
+        stops = [handle.stop.remote() for name, handle in self.handles.items() if name not in silent]
         try:
             self.ray.get(stops, timeout=STOP_TIMEOUT_S)
         except Exception as error:  # an actor that already died cannot stop; say so and go on
@@ -284,4 +344,5 @@ def open_cluster(run: RunSection, ray: RaySection):
     if run.mode != "ray":
         raise ValueError(f"run.mode must be 'ray' or 'local', not {run.mode!r}")
     return RayCluster(address=ray.address, num_cpus=ray.num_cpus, host=ray.host, curve_dir=ray.curve_dir,
-                      resources=ray.resources, dashboard=ray.dashboard)
+                      resources=ray.resources, dashboard=ray.dashboard,
+                      liveness=Liveness(run.ping_timeout_s, run.ping_misses))

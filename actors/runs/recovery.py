@@ -28,6 +28,32 @@ from actors.runs.handles import call_unless_dead, handle
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 60.0  # the longest wait before a restart
+NO_ANSWER = "no answer"  # what `statistics_within` gives for an actor that did not answer in time
+
+
+class HungActor(RuntimeError):
+    """An actor alive to Ray that answered none of its last ``run.ping_misses`` health checks: restarted as if
+    dead."""
+
+
+class Liveness:
+    """The health check's deadline and what it remembers of each actor (``run.mode=ray``): an actor that answers
+    neither its ping nor its statistics within ``timeout_s`` is silent for that check (its last statistics stand
+    in); silent ``misses`` checks in a row, it is hung. Without a deadline, one stopped or deadlocked actor froze
+    the driver: no metrics, no restarts, no ``tidal stop``, no budget."""
+
+    def __init__(self, timeout_s: float = 30.0, misses: int = 3):
+        self.timeout_s, self.misses = timeout_s, misses
+        self.missed: dict[str, int] = {}  # actor -> checks in a row it did not answer
+        self.last: dict[str, Any] = {}  # actor -> the statistics it last answered
+
+    def answered(self, name: str, stats) -> None:
+        self.missed.pop(name, None)
+        self.last[name] = stats
+
+    def silent(self) -> list[str]:
+        """The actors that did not answer the last check."""
+        return sorted(self.missed)
 
 
 class RestartsExhausted(RuntimeError):
@@ -77,16 +103,46 @@ def restart_env(cluster, name: str, incarnation: int, replays: dict[str, str], t
 def statistics_or_recover(cluster, names, recover) -> dict[str, Any]:
     """Every actor's statistics, by name (each its kind's: ``EnvStatistics``, ``LearnerStatistics``, ...): the
     run's health check. An actor found dead is handed to ``recover(name, error)``, which restarts it (or raises)
-    and returns what stands in for its statistics."""
+    and returns what stands in for its statistics. A cluster with a ``liveness`` (``RayCluster``) is asked for all
+    at once, within its deadline (`Liveness`): an actor silent ``misses`` checks in a row is hung, its stacks are
+    logged and it is handed to ``recover`` as a dead one is (a ``HungActor``)."""
+    liveness: Liveness | None = getattr(cluster, "liveness", None)
+    answers = cluster.statistics_within(names) if liveness is not None else {}
     stats = {}
     for name in names:
         try:
-            stats[name] = cluster.statistics(name)
+            answer = answers[name] if liveness is not None else cluster.statistics(name)
+            if isinstance(answer, Exception):
+                raise answer
+            if isinstance(answer, str) and answer == NO_ANSWER:
+                stats[name] = _silent(cluster, liveness, name, recover)
+                continue
+            stats[name] = answer
         except Exception as error:
             if not cluster.is_dead(error):
                 raise
             stats[name] = recover(name, error)
+        if liveness is not None:
+            liveness.answered(name, stats[name])
     return stats
+
+
+def _silent(cluster, liveness: Liveness, name: str, recover):
+    """What stands in for the statistics of ``name``, which did not answer this check: its last ones, or, once it
+    has been silent ``liveness.misses`` checks in a row, a restart's."""
+    missed = liveness.missed[name] = liveness.missed.get(name, 0) + 1
+    if missed < liveness.misses:
+        log.warning("%s did not answer the health check within %g s (%d in a row; run.ping_misses=%d restarts it)",
+                    name, liveness.timeout_s, missed, liveness.misses)
+        if name in liveness.last:
+            return liveness.last[name]
+        return cluster.statistics(name)  # it never answered one yet: only its start (just now) says it runs
+    cluster.log_stacks(name)
+    error = HungActor(f"{name} answered none of its last {missed} health checks within {liveness.timeout_s:g} s "
+                      f"each (run.ping_timeout_s, run.ping_misses): hung, so it is restarted as if dead")
+    log.error("%s", error)
+    liveness.missed.pop(name)
+    return recover(name, error)
 
 
 class GroupRecovery:

@@ -9,7 +9,9 @@ from actors.learner.actor import LearnerConfig
 
 
 def test_auto_is_the_cpu_in_fp32_here_and_a_gpu_in_bf16_where_there_is_one(monkeypatch):
-    assert resolve_device("auto") == torch.device("cpu")  # this machine has no GPU
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_dtype("auto", resolve_device("auto")) == (torch.bfloat16 if torch.cuda.is_available()
+                                                             else torch.float32)
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
     assert resolve_dtype("float32", torch.device("cuda")) == torch.float32
@@ -19,7 +21,8 @@ def test_auto_is_the_cpu_in_fp32_here_and_a_gpu_in_bf16_where_there_is_one(monke
     assert resolve_device("cuda", local_rank=3) == torch.device("cuda:1")  # rank 3 of a node with two GPUs
 
 
-def test_a_gpu_asked_for_where_there_is_none_and_unknown_names_are_refused_clearly():
+def test_a_gpu_asked_for_where_there_is_none_and_unknown_names_are_refused_clearly(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without one
     with pytest.raises(RuntimeError, match="device=cuda but no CUDA GPU is visible"):
         resolve_device("cuda")
     for bad in ("gpu", "cuda:x", "cpu:0"):

@@ -1,5 +1,5 @@
-"""Where the rollout's hf models run and in what precision (``rollout.args.device``/``dtype``). The CUDA case runs
-where a GPU is visible and is skipped elsewhere."""
+"""Where the rollout's hf models run and in what precision (``rollout.args.device``/``dtype``). The cases that need
+a GPU are in ``tests/unit/test_rollout_devices.py``, the module the offline GPU kit runs."""
 
 import pytest
 import torch
@@ -7,13 +7,12 @@ import trio
 
 from actors.cli import load_config
 from actors.models.base_model import load_policy
-from actors.rollout.sampling import device_generator, sample
+from actors.rollout.sampling import device_generator, generator_for, sample
 from actors.models.snapshots import write_snapshot
 from actors.rollout.actor import RolloutConfig, start_engine
 from actors.rollout.weights import HeldWeights
 from streams.weights import FetchedWeights, weights_to_bytes
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 PROMPTS = ["TicTacToe. You are X.\n1|2|3\n4|5|6\n7|8|9\nMove:", "Hi", "TicTacToe. You are O."]
 
 
@@ -97,25 +96,31 @@ def test_a_bfloat16_policy_samples_takes_learner_weights_and_snapshots_in_bfloat
     assert {(p.device, p.dtype) for p in snapshot.parameters()} == {(device, torch.bfloat16)}
 
 
-@cuda
-def test_the_policy_generates_on_the_gpu_with_either_generator(tiny_model_dir):
-    """On a GPU, in bfloat16: tensors are made there; a CPU generator seeds one on the GPU (same seed, same draws);
-    log-probs agree with a float32 recomputation on the CPU to bfloat16's precision."""
-    engine, _ = started(RolloutConfig(model_path=str(tiny_model_dir), device="cuda"))
-    model, tokenizer = engine.model, engine.tokenizer
-    assert engine.sampler.dtype == torch.bfloat16 and next(model.parameters()).is_cuda
-    prompts = encoded(tokenizer)
-    kwargs = dict(eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=1.0, max_new_tokens=6)
-    on_gpu = sample(model, prompts, generator=device_generator(engine.sampler.device, 0), **kwargs)
-    from_cpu = [sample(model, prompts, generator=torch.Generator().manual_seed(7), **kwargs) for _ in range(2)]
-    assert from_cpu[0] == from_cpu[1]  # reproducible from the CPU generator's seed
-    reference = load_policy(tiny_model_dir)[0]
-    for prompt, s in zip(prompts, on_gpu):
-        ids = torch.tensor([prompt + s.tokens])
-        with torch.no_grad():
-            logps = torch.log_softmax(reference(ids).logits[0, len(prompt) - 1:-1].float(), -1)
-        picked = logps.gather(-1, torch.tensor(s.tokens)[:, None])[:, 0]
-        assert picked.tolist() == pytest.approx(s.logprobs, abs=0.1)
+class KindOnly:
+    """A generator made for ``cuda`` as torch reports it: a device with no index (no draw may be made with it)."""
+
+    device = torch.device("cuda")
+
+
+def test_a_generator_made_for_the_models_kind_of_device_is_used_as_is_whatever_the_index():
+    """A GPU rollout's generator is made for ``cuda`` and its model sits on ``cuda:0``: the same kind, so the
+    generator draws as it is (comparing the devices themselves reseeded it with a CPU draw on a CUDA generator,
+    which torch refuses, on every GPU sample)."""
+    generator = KindOnly()
+    assert generator_for(torch.device("cuda:0"), generator) is generator
+    assert generator_for(torch.device("cpu"), None) is None
+    cpu = torch.Generator().manual_seed(3)
+    assert generator_for(torch.device("cpu"), cpu) is cpu
+
+
+def test_a_generator_of_another_kind_seeds_one_on_the_models_device_drawing_on_its_own(monkeypatch):
+    from actors.rollout import sampling
+
+    made = []
+    monkeypatch.setattr(sampling, "device_generator", lambda device, seed: made.append((device, seed)) or "seeded")
+    assert generator_for(torch.device("cuda:1"), torch.Generator().manual_seed(5)) == "seeded"
+    expected = int(torch.randint(2**62, (), generator=torch.Generator().manual_seed(5)))
+    assert made == [(torch.device("cuda:1"), expected)]  # reproducible: the seed is the CPU generator's next draw
 
 
 def test_a_batch_is_sampled_in_passes_of_one_setting_and_prompt_lengths_within_2x(tiny_model_dir, monkeypatch):

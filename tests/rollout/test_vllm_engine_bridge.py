@@ -112,6 +112,29 @@ def test_vllm_engine_options_on_gpus_leave_the_kv_cache_to_the_memory_share():
     assert several["kv_cache_memory_bytes"] == 8 * 2**30 and several["dtype"] == "float16"
 
 
+def test_a_null_memory_share_on_a_gpu_takes_what_is_free_less_room_for_the_snapshots(monkeypatch):
+    """0.9 of the whole GPU (the old default) left nothing for a learner already on it or for the league
+    snapshots the same actor's hf sampler loads later: a null share is 0.9 of what is free when the engine starts,
+    less the snapshots' room, as a share of the whole GPU (what vLLM's setting means)."""
+    from actors.rollout.vllm_engine import gpu_share
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *device: (40 * gib, 80 * gib))  # a learner holds half
+    assert engine_options(VllmOptions(), on_cpu=False, reserve_bytes=8 * gib)["gpu_memory_utilization"] == \
+        pytest.approx(0.9 * 32 / 80)
+    assert engine_options(VllmOptions(), on_cpu=False)["gpu_memory_utilization"] == pytest.approx(0.45)
+    assert engine_options(VllmOptions(gpu_memory_utilization=0.7), on_cpu=False)["gpu_memory_utilization"] == 0.7
+    with pytest.raises(RuntimeError, match=r"2\.0 GiB of the GPU's 80\.0 GiB are free, 1\.0 GiB of them kept for "
+                                           r"league snapshots .*set rollout\.args\.vllm\.gpu_memory_utilization"):
+        gpu_share(2 * gib, 80 * gib, reserve_bytes=gib)
+
+
+def test_the_snapshot_room_counts_the_models_stored_parameters(tiny_model_dir):
+    from actors.models.base_model import load_policy, stored_parameters
+
+    assert stored_parameters(tiny_model_dir) == sum(p.numel() for p in load_policy(tiny_model_dir)[0].parameters())
+
+
 class FakeVllm:
     """`VllmSampler`'s stand-in: one token a request, tagged with the version it holds; refuses a temperature over
     2 as vLLM would; records what it loaded."""

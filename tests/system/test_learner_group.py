@@ -1,6 +1,7 @@
 """A learner group: two gloo ranks with FSDP2 train like one, and their checkpoints load on any rank count."""
 
 
+import dataclasses
 import math
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from actors.learner import local_group
 from actors.models.base_model import load_policy
 from actors.learner.actor import LearnerConfig
+from actors.learner.update import Objective
 from tests.factories import largest_difference, random_table as table
 
 # How far apart two groups that trained alike may end: the L2 distance between their weights (every tensor
@@ -72,3 +74,14 @@ def test_a_group_goes_back_to_its_anchor_together(group_setup):
     rolled_back = local_group.train(cfg, 2, [first, second], anchor_after=1)
     assert largest_difference(rolled_back["weights"], anchored["weights"]) <= 1e-6
     assert rolled_back["optimizer_steps"] == 0  # a fresh optimizer: the moments belonged to what was undone
+
+
+def test_in_a_group_the_reference_computes_as_the_sharded_policy_does(group_setup):
+    """Two ranks computing in bf16 (FSDP's mixed precision): the reference model is sharded with the same policy,
+    so before the first step its log-probs are the policy's and the KL term is zero, as on one rank (where both
+    run under autocast). An unsharded fp32 reference gave a KL of 2.4e-4 at step 0 on the tiny model, and a gradient from it."""
+    cfg, (first, _) = group_setup
+    anchored = dataclasses.replace(cfg, dtype="bf16", objective=Objective(kl_coef=0.5, minibatches=1))
+    for world in (1, 2):
+        stats = local_group.train(anchored, world, [first])["stats"][0]
+        assert stats["kl_ref"] == 0.0, (world, stats["kl_ref"])
