@@ -4,7 +4,7 @@ default job's whole actor loop on that GPU too.
 
     python benchmarks/gpu_check.py [--shape qwen2_0_5b] [--steps 5] [--batch 16] [--seq-len 1024]
                                    [--gen-batch 32] [--gen-tokens 128] [--device cuda|cuda:<i>|cpu]
-                                   [--peak-tflops X] [--loop [--loop-versions 3]]
+                                   [--peak-tflops X] [--loop [--loop-versions 3] [overrides...]]
 
 On a machine without a CUDA GPU it prints a line saying so and exits 0. ``--device cpu`` runs the same
 measurements on the CPU, with defaults that finish in a minute or two there (``CPU_DEFAULTS``: the
@@ -31,7 +31,8 @@ the optimizer's master copy, computing in bf16 under autocast) and, for generati
 - ``--loop``: ``tidal launch``'s default job (TicTacToe, configs/launch.yaml) run as the launcher runs it
   (``actors.cli.load_config`` and ``launch``), every actor on one trio loop in this process (``run.mode=local``, no
   Ray), rollout and learner on ``--device``, with the ``--shape`` preset's random model, until ``--loop-versions``
-  learner versions; no evaluation games. Its versions/s, episodes/s and sampled tokens/s over the training time and
+  learner versions; no evaluation games; Hydra ``overrides`` after the options change that job (e.g.
+  ``replay.args.batch_episodes=32``, or ``model.shape.layers=2`` for a smaller model). Its versions/s, episodes/s and sampled tokens/s over the training time and
   the learner's busy fraction come from the run's own metrics (``metrics.jsonl``, ``summary.json``).
 
 Without ``--loop`` it imports torch, transformers, tokenizers, safetensors, numpy, pyarrow and PyYAML, and nothing of
@@ -201,13 +202,14 @@ def measure_publish(model, rounds: int = 2) -> dict:
 def loop_overrides(args, out: str) -> list[str]:
     """The default job as ``tidal launch`` would be told it: in one process (``run.mode=local``), rollout and learner
     on ``--device``, the ``--shape`` preset's random model, until ``--loop-versions`` versions; no evaluation games
-    (they would time the evaluation, and the learning curve they plot imports matplotlib). Its tokenizer is trained
-    on the built-in text, as the measurements' model is: one model made, not two (2 GB each at the 0.5B shape)."""
+    (they would time the evaluation, and the learning curve they plot imports matplotlib); then the command line's
+    own ``overrides``. Its tokenizer is trained on the built-in text, as the measurements' model is: one model made,
+    not two (2 GB each at the 0.5B shape)."""
     return ["run.mode=local", f"model={args.shape}", f"model.shape.tokenizer_env={BUILTIN}",
             f"model.cache_dir={args.cache_dir}", f"rollout.args.device={args.device}",
             f"learner.args.device={args.device}", f"run.max_versions={args.loop_versions}",
             f"run.minutes={LOOP_MINUTES}", "run.log_every_s=1", "run.progress=false", "eval.every_s=0",
-            "eval.endpoint_games_per_seat=0", f"run.dir={out}", "run.name=loop"]
+            "eval.endpoint_games_per_seat=0", f"run.dir={out}", "run.name=loop", *args.overrides]
 
 
 def measure_loop(args) -> dict:
@@ -261,6 +263,8 @@ def parse_args(argv):
     parser.add_argument("--loop", action="store_true", help="then run the default job's actor loop on the device "
                         "(run.mode=local) with the shape's random model")
     parser.add_argument("--loop-versions", type=int, default=3, help="learner versions the loop runs (default 3)")
+    parser.add_argument("overrides", nargs="*", help="--loop: Hydra overrides of its job, after gpu_check's own "
+                        "(e.g. replay.args.batch_episodes=32)")
     args = parser.parse_args(argv)
     for name, value in (CPU_DEFAULTS if args.device == "cpu" else GPU_DEFAULTS).items():
         if getattr(args, name) is None:
@@ -272,6 +276,8 @@ def parse_args(argv):
         parser.error("--microbatch-tokens must be >= 1")
     if args.seq_len < 2:
         parser.error("--seq-len must be >= 2 (a prompt token and an action token)")
+    if args.overrides and not args.loop:
+        parser.error(f"overrides ({' '.join(args.overrides)}) change the --loop's job: add --loop")
     if args.loop and args.shape.endswith((".yaml", ".yml")):
         parser.error(f"--loop runs the job with model=<preset>: --shape must name a preset of configs/model/, not "
                      f"the file {args.shape}")

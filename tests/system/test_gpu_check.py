@@ -20,6 +20,9 @@ KIT_LIST = ROOT / "benchmarks" / "gpu_kit_packages.txt"
 # What a bare GPU machine has (with what each requires): gpu-kit.sh's own description of it
 PREINSTALLED = ("torch", "pyarrow", "msgpack", "tensorboard", "rich")
 PROJECT = "tidal"  # installed here in editable mode; there, the working tree itself
+# The loop's job at a shape and batch that take seconds a version on a busy CPU (random_25m's take tens)
+SMALL_LOOP = ["model.shape.hidden_size=64", "model.shape.layers=2", "model.shape.heads=4", "model.shape.kv_heads=2",
+              "model.shape.intermediate_size=96", "model.shape.vocab_size=1000", "replay.args.batch_episodes=16"]
 
 # Runs a script as if only the distributions of the allowed list were installed (the standard library and the
 # project stay): a module found in site-packages that belongs to none of them is not found, and the metadata of
@@ -103,7 +106,7 @@ def test_gpu_check_loop_runs_with_only_the_gpu_machine_and_the_kit_and_imports_t
                if any(canonicalize_name(d) in allowed for d in dists)}
     (tmp_path / "allowed.json").write_text(json.dumps({"modules": sorted(modules), "distributions": sorted(allowed)}))
     args = ["--device", "cpu", "--loop", "--loop-versions", "2", "--steps", "1", "--batch", "2", "--seq-len", "16",
-            "--gen-batch", "2", "--gen-tokens", "4", "--cache-dir", str(tmp_path / "models")]
+            "--gen-batch", "2", "--gen-tokens", "4", "--cache-dir", str(tmp_path / "models"), *SMALL_LOOP]
     done = subprocess.run([sys.executable, "-c", BARE, str(tmp_path / "allowed.json"), str(tmp_path / "files.json"),
                            str(GPU_CHECK), *args], capture_output=True, text=True, cwd=tmp_path, timeout=540,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
