@@ -217,7 +217,7 @@ class EvalSection:
     opponent: str = "random"  # a single-policy run: its policy against this, in each seat
     opponents: list[str] = field(default_factory=list)  # a league: every main agent against each of these
     games_per_seat: int = 100  # per evaluation during training
-    endpoint_games_per_seat: int = 300  # the start (base model) and final evaluations
+    endpoint_games_per_seat: int = 300  # the start (base model) and final evaluations; 0: none
     every_s: float = 60.0  # 0 turns evaluation during training off
 
 

@@ -321,7 +321,10 @@ class Driver:
                                      rates=rates)
 
     def _evaluate_now(self, tag: str, games: int) -> None:
-        """A round of evaluations, waited for."""
+        """A round of evaluations, waited for; none for 0 ``games`` (``eval.endpoint_games_per_seat=0``: a run
+        measured for its throughput alone, benchmarks/gpu_check.py --loop, has no start or final evaluation)."""
+        if games == 0:
+            return
         self.evaluations.start(tag, games)
         while self.evaluations.open:
             stats = self._tick()

@@ -155,6 +155,31 @@ def test_gpu_check_publishes_the_bytes_the_learner_publishes(tmp_path):
     assert gpu_check.serialise(model) == weights_to_bytes(model)
 
 
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+                                        ("NVIDIA H100 NVL", 835.0), ("NVIDIA H200", 989.0), ("NVIDIA H200 NVL", 835.0),
+                                        ("NVIDIA L40S", 362.0), ("NVIDIA L40", 181.0), ("NVIDIA L4", 121.0),
+                                        ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA GeForce RTX 4090", None)])
+def test_gpu_check_finds_each_gpus_own_bf16_peak(name, peak):
+    """The dense bf16 peaks of NVIDIA's data sheets (half their sparse figures), each name its own: an H200 NVL is
+    not an H200, nor an L40 an L4."""
+    assert gpu_check_module().bf16_peak_tflops(name) == peak
+
+
+def test_gpu_check_loop_figures_are_the_runs_totals_over_its_training_time():
+    gpu_check = gpu_check_module()
+    rows = [{"version": 1, "elapsed_s": 2.0, "episodes": 64, "tokens": 512},
+            {"version": 4, "elapsed_s": 8.0, "episodes": 200, "tokens": 1600}]
+    summary = {"interrupted": False, "learner_busy": 0.75, "run_dir": "runs/loop"}
+    figures = gpu_check.loop_figures(summary, rows, versions=3)
+    assert figures["loop_versions_per_s"] == 0.5 and figures["loop_episodes_per_s"] == 25.0
+    assert figures["loop_gen_tokens_per_s"] == 200.0 and figures["loop_learner_busy"] == 0.75
+    with pytest.raises(SystemExit, match="the loop reached version 4 of 5"):
+        gpu_check.loop_figures(summary, rows, versions=5)
+    with pytest.raises(SystemExit, match="reached version 4 of 3 \\(interrupted\\)"):
+        gpu_check.loop_figures({**summary, "interrupted": True}, rows, versions=3)
+
+
 ABSENT = """
 import runpy, sys
 
