@@ -34,8 +34,13 @@ is reloaded from a spill: a row with a null or missing id, ragged per-token list
 rejected, counted by reason (``rejected_by_reason``) and logged at a bounded rate; it never reaches the spill or a
 batch. The episode's other rows go on. What the learner can have reached: its highest announced version, plus a
 version for each batch sent since (the learner's version rises by one an update), plus ``VERSION_SLACK`` (batches
-in flight when it announced, a league reset); with a ``versions`` peer, replay takes no episode before the first
-announcement (the learner announces every second). The learner itself refuses any token newer than its version.
+in flight when it announced, a league reset), plus what the learner's own bound allows past it
+(``Trainer.newest_version``): once the learner has restarted (an announced life above 0) or the run was resumed,
+its dead predecessor may have published up to ``checkpoint_every`` versions past the checkpoint the living one
+started from, and episodes sampled with those are honest (without periodic checkpoints no ceiling is known). So a
+replay that starts after the learner came back at an older checkpoint refuses none of them. With a ``versions``
+peer, replay takes no episode before the first announcement (the learner announces every second). The learner
+itself refuses any token newer than its bound.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ class ReplayConfig:
     checkpoint_dir: str | None = None  # the learner's checkpoints: the spill is compacted below their data cursor
     resume: bool = False  # a resumed run: take over the previous life's live episodes and batches
     vocab_size: int | None = None  # the learner's vocabulary: a token id at or above it is refused (None: unchecked)
+    checkpoint_every: int = 0  # the learner's: how far past its checkpoint a dead learner may have published
 
 
 class ReplayActor:
@@ -94,6 +100,8 @@ class ReplayActor:
         self._rejected = Rejections(f"{name}: episode rows")
         self._learner_version: int | None = None  # the highest version its learner announced ...
         self._sent_at_announcement = 0  # ... and the batches sent when it heard it
+        self._learner_life = 0  # the newest life of its learner announced
+        self._version_known = trio.Event()  # the learner's first announcement (at once without a versions peer)
 
     def batch_bytes_limit(self) -> int:
         """The largest batch body that goes out: within the batch frame limit with its header (looked up now, so
@@ -106,7 +114,6 @@ class ReplayActor:
         self._seen: set[str] = set()  # episode ids held or batched, not compacted: a second copy is dropped
         self._last_seq = 0
         self._disk = trio.Lock()  # one spill operation at a time (each on a thread)
-        self._version_known = trio.Event()  # the learner's first announcement (at once without a versions peer)
         if not peers.get("versions"):
             self._version_known.set()
         if self._spill is not None:
@@ -291,9 +298,8 @@ class ReplayActor:
         if not episode.num_rows:  # no agent-turn of the policy's: nothing to train on, nothing to name it by
             self._stats["empty_episodes"] = self._stats.get("empty_episodes", 0) + 1
             return None
-        known, sent = self._learner_version, self._stats["batches_out"] + self._stats["batches_resent"]
-        ceiling = None if known is None else known + sent - self._sent_at_announcement + VERSION_SLACK
-        checked = check_rows(episode, vocab_size=self.cfg.vocab_size, one_episode=True, max_version=ceiling)
+        checked = check_rows(episode, vocab_size=self.cfg.vocab_size, one_episode=True,
+                             max_version=self.version_ceiling())
         if checked.rejected:
             self._rejected.add(checked.rejected, checked.example)
         if not checked.table.num_rows:
@@ -301,13 +307,30 @@ class ReplayActor:
             return None
         return checked.table
 
+    def version_ceiling(self) -> int | None:
+        """The newest version an episode's token may carry now (None: no bound is known; see the module)."""
+        if self._learner_version is None:
+            return None
+        past = 0
+        if self._learner_life > 0 or self.cfg.resume:  # its predecessor may have published past the checkpoint
+            if not self.cfg.checkpoint_every:
+                return None
+            past = self.cfg.checkpoint_every
+        sent = self._stats["batches_out"] + self._stats["batches_resent"] - self._sent_at_announcement
+        return self._learner_version + sent + past + VERSION_SLACK
+
     async def _follow_versions(self, inbox: Inbox) -> None:
         while True:
-            announced = await inbox.receive()
-            if self._learner_version is None or announced.version > self._learner_version:
-                self._learner_version = announced.version
-                self._sent_at_announcement = self._stats["batches_out"] + self._stats["batches_resent"]
-                self._version_known.set()
+            self.version_announced(await inbox.receive())
+
+    def version_announced(self, announced: VersionAnnounced) -> None:
+        """The learner's announcement: the highest version of any life is kept (a lower one of a newer life
+        narrows nothing: episodes sampled by the dead life's weights are still in flight), and its newest life."""
+        self._learner_life = max(self._learner_life, announced.life)
+        if self._learner_version is None or announced.version > self._learner_version:
+            self._learner_version = announced.version
+            self._sent_at_announcement = self._stats["batches_out"] + self._stats["batches_resent"]
+        self._version_known.set()
 
     def _notify(self) -> None:
         self._changed.set()
@@ -319,7 +342,7 @@ class ReplayActor:
         return {**self._stats, "buffered": len(self.buffer), "batches_logged": self._last_seq,
                 "received_by_source": dict(self._received_by_source), "compacted_through": spill,
                 "rejected_rows": self._rejected.total(), "rejected_by_reason": dict(self._rejected.counts),
-                "learner_version": self._learner_version,
+                "learner_version": self._learner_version, "learner_life": self._learner_life,
                 "refused_episodes": sum(self._refused.values()), "refused_by_reason": dict(self._refused),
                 "batch_bytes_limit": self.batch_bytes_limit(), "held_back": self._held_back,
                 "dropped_frames": inbox.get("dropped_frames", 0), "streams": {"episodes": inbox}}

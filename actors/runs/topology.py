@@ -178,7 +178,8 @@ def spawn_learner_ranks(cluster, cfg: RunConfig, life: str, groups: list[Group],
 def replay_config(cfg: RunConfig, group: Group, life: str) -> ReplayConfig:
     spill = str(group.spill_dir / life) if cfg.replay.spill else None  # with it a restarted replay loses nothing
     return ReplayConfig(spill_dir=spill, checkpoint_dir=str(group.policy_dir), resume=bool(cfg.resume),
-                        vocab_size=model_vocab_size(group.model_path), **built_args(cfg.replay.args))
+                        vocab_size=model_vocab_size(group.model_path), checkpoint_every=cfg.learner.checkpoint_every,
+                        **built_args(cfg.replay.args))
 
 
 def model_vocab_size(model_path: str) -> int:
