@@ -60,6 +60,7 @@ class _EnvStatistics(TypedDict):
     versions: dict[str, int]  # each learning member's announced version
     etas: dict[str, int]
     learner_lives: dict[str, int]
+    given_back_by_reason: dict[str, int]  # training episodes never to be consumed, their admission given back
     training_in_flight: int
     drained: bool  # retired, and every episode it started delivered or given back
     # the policy client, the match source and the streams (zeros before ``run``)

@@ -41,6 +41,9 @@ started from, and episodes sampled with those are honest (without periodic check
 replay that starts after the learner came back at an older checkpoint refuses none of them. With a ``versions``
 peer, replay takes no episode before the first announcement (the learner announces every second). The learner
 itself refuses any token newer than its bound.
+
+An episode rejected whole or refused is told to its env actor (``streams.drop_notices``), which gives its admission
+back: it will never be consumed, and its place in the staleness bound's allowance must not stay taken.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from actors.models.checkpoint_dir import find_checkpoint
 from actors.replay.buffer import OldestFirst
 from actors.replay.face import ReplayStatistics
 from actors.replay.spill import Spill, episode_source, previous_life
+from streams.drop_notices import DropNotices, episode_identity
 from streams.endpoints import Inbox, Outbox
 from streams.messages import VERSION_TOPIC, VersionAnnounced
 from streams.schema import Columns, decode_table, encode_table
@@ -102,6 +106,7 @@ class ReplayActor:
         self._sent_at_announcement = 0  # ... and the batches sent when it heard it
         self._learner_life = 0  # the newest life of its learner announced
         self._version_known = trio.Event()  # the learner's first announcement (at once without a versions peer)
+        self._notices: DropNotices | None = None
 
     def batch_bytes_limit(self) -> int:
         """The largest batch body that goes out: within the batch frame limit with its header (looked up now, so
@@ -122,14 +127,17 @@ class ReplayActor:
             transport.open_receiver(capacity=16, ack_when_done=self._spill is not None) as episodes,
             transport.open_sender(peers["learner"], capacity=1) as learner,
             transport.open_subscriber(peers.get("versions", []), topics=[VERSION_TOPIC]) as versions,
+            transport.open_publisher(capacity=64) as dropped,
             trio.open_nursery() as nursery,
         ):
             self._inbox = Inbox(episodes, Kind.EPISODES, decode_table)
+            self._notices = DropNotices(dropped, self.name)
+            nursery.start_soon(self._notices.run)
             nursery.start_soon(self._follow_versions, Inbox(versions, Kind.VERSION, VersionAnnounced.from_body,
                                                             topic=True))
             nursery.start_soon(self._fill)
             nursery.start_soon(self._batch, Outbox(learner, Kind.BATCH, self.name))
-            task_status.started({"episodes": episodes.address, "batches_logged": self._last_seq,
+            task_status.started({"episodes": episodes.address, "dropped": dropped.address, "batches_logged": self._last_seq,
                                  "inherited_episodes": self._stats["inherited_episodes"]})
 
     def rewind(self, consumed: int) -> None:
@@ -246,14 +254,17 @@ class ReplayActor:
             while len(self.buffer) >= self.cfg.capacity_episodes:
                 await self._changed.wait()
             await self._version_known.wait()  # the ceiling on versions is known before an episode is kept
-            episode = self._admit(await self._inbox.receive())
+            received = await self._inbox.receive()
+            episode = self._admit(received)
             if episode is None:
+                self._tell_dropped(received, "rejected_by_replay")
                 continue
             episode_id = episode.column(Columns.EPISODE_ID)[0].as_py()
             if self._known(episode_id):  # sent again by a restarted reward actor, or to a restarted replay
                 self._stats["duplicate_episodes"] += 1
                 continue
             if not self._admissible(episode_id, episode):  # before the spill: it never comes back
+                self._tell_dropped(episode, "refused_by_replay")
                 continue
             if self._spill is not None:  # on disk before it is acknowledged (at the next receive)
                 async with self._disk:
@@ -261,6 +272,11 @@ class ReplayActor:
             self._hold(episode_id, episode)
             self._stats["episodes_in"] += 1
             self._notify()
+
+    def _tell_dropped(self, episode: pa.Table, reason: str) -> None:
+        """The episode's env actor gives its admission back (``streams.drop_notices``)."""
+        if self._notices is not None and episode.num_rows:
+            self._notices.dropped(*episode_identity(episode), reason)
 
     async def _batch(self, learner: Outbox) -> None:
         while True:
@@ -343,6 +359,7 @@ class ReplayActor:
                 "received_by_source": dict(self._received_by_source), "compacted_through": spill,
                 "rejected_rows": self._rejected.total(), "rejected_by_reason": dict(self._rejected.counts),
                 "learner_version": self._learner_version, "learner_life": self._learner_life,
+                "drop_notices": self._notices.counts["drop_notices"] if self._notices else 0,
                 "refused_episodes": sum(self._refused.values()), "refused_by_reason": dict(self._refused),
                 "batch_bytes_limit": self.batch_bytes_limit(), "held_back": self._held_back,
                 "dropped_frames": inbox.get("dropped_frames", 0), "streams": {"episodes": inbox}}
