@@ -8,7 +8,7 @@ It composes four parts, each in its own module:
 - ``actors.env.matches``: where a training match comes from (self-play, or the league), chosen in ``run``.
 
 Training episodes play the match source's matches and go to the reward actor of the match's learner when
-they end; one that errored, or ended before the
+they end; one that errored (a lost completion included: ``actors.env.policy_client``), or ended before the
 learner's turn, is never consumed and gives its admission back; so does one that the reward actor or replay
 dropped after its delivery, which they say in a drop notice on this actor's topic (``streams.drop_notices``).
 Evaluation episodes seat the policy against a fixed opponent in each seat in turn; their results are kept in
@@ -44,7 +44,7 @@ from actors.env.deliveries import Deliveries
 from actors.env.episode import EpisodeCounts, EpisodeSettings, move_token_budget, play_episode
 from actors.env.evaluation import EvaluationTally
 from actors.env.face import EnvStatistics
-from actors.env.policy_client import PolicyClient, TokenCodec, by_member, open_policy_client
+from actors.env.policy_client import REQUEST_DEADLINE_S, PolicyClient, TokenCodec, by_member, open_policy_client
 from actors.models.chat import PromptRenderer, prompt_format
 from actors.league.matchmaking import WEIGHTINGS, Payoff
 from actors.env.matches import Match, MatchSource, SelfPlayMatches, open_league_matches, seated, uniform_seats
@@ -101,6 +101,7 @@ class EnvConfig:
     tasks_dir: str | None = None  # a role game's task buffer is kept here with the run (``<name>.arrows``)
     prompt: dict = field(default_factory=dict)  # the run's prompt section: template, history, system (chat.py)
     max_context_tokens: int | None = None  # a turn's prompt and token budget must fit, else its episode ends
+    request_deadline_s: float = REQUEST_DEADLINE_S  # a move unanswered this long is asked again, then its episode drops
 
     def __post_init__(self):
         if self.policy_id in OPPONENTS:
@@ -174,7 +175,8 @@ class EnvActor:
         topics = [VERSION_TOPIC + member.encode() for member in self._admission.members]
         async with (
             open_policy_client(transport, rollouts, name=self.name, own=cfg.policy_id, temperature=cfg.temperature,
-                               min_version=self._admission.version, incarnation=cfg.incarnation) as policy,
+                               min_version=self._admission.version, incarnation=cfg.incarnation,
+                               request_deadline_s=cfg.request_deadline_s) as policy,
             transport.open_subscriber(peers.get("versions", []), topics=topics) as versions,
             transport.open_subscriber(peers.get("dropped", []), topics=[dropped_topic(self.name)],
                                       capacity=256) as dropped,

@@ -20,8 +20,8 @@ The version is the live learner's: a learner restarted from an older checkpoint 
 version is taken (the limit shrinks until it has retrained what its predecessor had; nothing started is lost).
 
 Every episode started is accounted to the end: consumed by the learner, or given back with its reason
-(``given_back``; ``given_back_by_reason`` in the statistics): ``errored`` in the env (a refused generation
-included), ``without_rows`` (over before the learner's turn), or dropped after its delivery, as
+(``given_back``; ``given_back_by_reason`` in the statistics): ``errored`` in the env (a refused generation or a
+lost completion included), ``without_rows`` (over before the learner's turn), or dropped after its delivery, as
 the reward actor or replay say in a drop notice (``unscored``, ``rejected_by_reward``, ``rejected_by_replay``,
 ``refused_by_replay``: ``streams.drop_notices``). An episode never consumed and never given back would hold its
 place for good: at max_staleness 0 one such episode stops the run.

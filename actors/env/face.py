@@ -43,6 +43,7 @@ class _EnvStatistics(TypedDict):
     truncated_actions: int
     truncated_prompts: int
     refused_generations: int
+    lost_completions: int  # episodes ended (errored) with a move unanswered after its deadline and one reissue
     context_full_episodes: int  # ended truncated: a turn's prompt and budget would not fit max_context_tokens
     turns_by_role: dict[str, int]  # the policy's turns by role (a role game's), and its invalid moves
     invalid_by_role: dict[str, int]
