@@ -113,6 +113,8 @@ class EnvConfig:
         problem = answer_problem(self.answer, self.env_name)
         if problem:
             raise ValueError(problem)
+        if not self.request_deadline_s > 0:  # said at launch, not when the first episode asks for a move
+            raise ValueError(f"request_deadline_s must be a positive number of seconds, not {self.request_deadline_s}")
         for key in ("format_penalty", "truncation_penalty"):
             if not math.isfinite(getattr(self, key)):
                 raise ValueError(f"{key} must be a finite number, not {getattr(self, key)}")
