@@ -232,7 +232,7 @@ class EnvActor:
         reason = notice.reason if notice.reason in DROP_REASONS else "dropped"
         self._admission.given_back(notice.policy_id, reason)
         if self.cfg.ledger_dir:  # the accounting's: produced, and dropped for a reason, not lost
-            with open(f"{self.cfg.ledger_dir}/{self.name}.dropped.txt", "a") as f:
+            with open(f"{self.cfg.ledger_dir}/{self.name}.dropped", "a") as f:
                 f.write(f"{notice.episode_id} {reason}\n")
 
     def _open_matches(self, transport, peers: dict):
