@@ -15,9 +15,10 @@ a dead actor's request is dropped here as a stray. A request stays in the waitin
 and an answer that comes twice counts once.
 
 A completion can also be lost on its way back (the rollout's replies drop one they could not deliver in time:
-``streams.replies``), and nobody would ever say so. So each request has a deadline (``request_deadline_s``): unanswered
-by then it is sent once more, and unanswered a second deadline later its episode is dropped (``CompletionLost``)
-and gives its admission back, rather than wait, and hold its place in the staleness bound, for ever.
+``streams.replies``), and nobody would ever say so. So each request has a deadline (``request_deadline_s``):
+unanswered by then it is sent once more, and unanswered a second deadline later its episode is dropped
+(``CompletionLost``) and gives its admission back, rather than wait, and hold its place in the staleness bound,
+for ever.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ class PolicyClient:
     """Generation requests out, completions back to the episode that waits on each (see the module)."""
 
     def __init__(self, requests: dict[str, Outbox], completions: Inbox, reply_to: str, nursery, *, own: str,
-                 rollouts: dict[str, list[str]], temperature: float, min_version: Callable[[str], int], incarnation: int = 0,
-                 request_deadline_s: float = REQUEST_DEADLINE_S):
+                 rollouts: dict[str, list[str]], temperature: float, min_version: Callable[[str], int],
+                 incarnation: int = 0, request_deadline_s: float = REQUEST_DEADLINE_S):
         if not request_deadline_s > 0:
             raise ValueError(f"request_deadline_s must be a positive number of seconds, not {request_deadline_s}")
         self._requests, self._completions, self.reply_to, self._nursery = requests, completions, reply_to, nursery
@@ -114,7 +115,7 @@ class PolicyClient:
                     await done.wait()
                 if done.is_set():
                     break
-                if attempt == 0:  # lost on its way there or back, or only slow: once more (answered twice, counted once)
+                if attempt == 0:  # lost on its way there or back, or only slow: once more (two answers count once)
                     self._post(group, request, True)
             else:
                 raise CompletionLost(f"generation request {request_id} to {group} unanswered for twice its deadline "

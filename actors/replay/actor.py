@@ -137,7 +137,8 @@ class ReplayActor:
                                                             topic=True))
             nursery.start_soon(self._fill)
             nursery.start_soon(self._batch, Outbox(learner, Kind.BATCH, self.name))
-            task_status.started({"episodes": episodes.address, "dropped": dropped.address, "batches_logged": self._last_seq,
+            task_status.started({"episodes": episodes.address, "dropped": dropped.address,
+                                 "batches_logged": self._last_seq,
                                  "inherited_episodes": self._stats["inherited_episodes"]})
 
     def rewind(self, consumed: int) -> None:

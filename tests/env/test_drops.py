@@ -55,9 +55,9 @@ def test_a_drop_notice_with_a_missing_field_is_refused():
         EpisodeDropped.from_body(pack({"policy": "main", "episode": "env-0-0-1"}))
 
 
-def test_an_env_actor_gives_back_each_dropped_episode_of_its_own_once(tiny_model_dir):
+def test_an_env_actor_gives_back_each_dropped_episode_of_its_own_once(tiny_model_dir, tmp_path):
     env = EnvActor(EnvConfig(tokenizer_path=str(tiny_model_dir), life="L", incarnation=2, max_staleness=0,
-                             batch_episodes=4), name="env-1")
+                             batch_episodes=4, ledger_dir=str(tmp_path)), name="env-1")
     for _ in range(4):
         env._admission.started("main")
     assert env._admission.admitted() == []
@@ -73,6 +73,9 @@ def test_an_env_actor_gives_back_each_dropped_episode_of_its_own_once(tiny_model
     stats = env.statistics()
     assert stats["started"] == 1 and env._admission.admitted() == ["main"]
     assert stats["given_back_by_reason"] == {"unscored": 1, "refused_by_replay": 1, "dropped": 1}
+    assert (tmp_path / "env-1.dropped").read_text().splitlines() == [  # the accounting's: dropped, not lost
+        "L/env-1-2-0 unscored", "L/env-1-2-1 refused_by_replay", "L/env-1-2-2 dropped"]
+    assert not list(tmp_path.glob("*.txt"))  # what account_episodes reads as delivered
 
 
 class DropsEveryOther:

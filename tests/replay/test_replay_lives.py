@@ -2,6 +2,7 @@
 (``Trainer.newest_version``): a replay that starts after the learner came back at an older checkpoint refuses none of
 the episodes its dead predecessor's later weights sampled, and still refuses a version no life can have reached."""
 
+import pyarrow as pa
 import trio
 
 from actors.replay.actor import VERSION_SLACK, ReplayActor, ReplayConfig
@@ -64,3 +65,37 @@ def test_in_a_fresh_runs_first_life_the_ceiling_is_the_announced_version_and_wit
     kept, _ = kept_and_refused([VersionAnnounced("main", 10, life=0)], {"at-65": 65, "at-64": 64}, checkpoint_every=50,
                                resume=True)
     assert kept == {"at-64"}  # a resumed run's first learner: its predecessor may have gone checkpoint_every further
+
+
+def test_an_episode_replay_rejects_or_refuses_is_told_to_the_env_actor_that_played_it():
+    """Rejected whole (a token id outside the vocabulary) or refused (alone larger than any batch): either way replay
+    says so on the topic of the episode's env actor, which gives its admission back; a kept one is not told."""
+    from streams.messages import EpisodeDropped, dropped_topic
+
+    async def main():
+        transport = MemoryTransport()
+        replay = ReplayActor(ReplayConfig(batch_episodes=2, capacity_episodes=8, vocab_size=3, max_batch_bytes=8000))
+        async with transport.open_receiver(capacity=8) as learner, trio.open_nursery() as nursery:
+            addresses = await nursery.start(replay.run, transport, {"learner": [learner.address]})
+            async with transport.open_subscriber([addresses["dropped"]], [dropped_topic("env-0")], capacity=16) as sub:
+                notices = Inbox(sub, Kind.DROPPED, EpisodeDropped.from_body, topic=True)
+                async with transport.open_sender([addresses["episodes"]]) as sender:
+                    out = Outbox(sender, Kind.EPISODES, "reward")
+                    await out.send(encode_table(episode("L/env-0-0-1", [[1]])))  # kept
+                    await out.send(encode_table(with_action(episode("L/env-0-0-2", [[1]]), 9)))  # no such token
+                    await out.send(encode_table(episode("L/env-0-0-3", [[1]] * 200)))  # too large for a batch
+                    with trio.fail_after(10):
+                        told = [await notices.receive() for _ in range(2)]
+            nursery.cancel_scope.cancel()
+        return told, replay.statistics()
+
+    told, stats = trio.run(main)
+    assert told == [EpisodeDropped("main", "L/env-0-0-2", "rejected_by_replay"),
+                    EpisodeDropped("main", "L/env-0-0-3", "refused_by_replay")]
+    assert stats["drop_notices"] == 2 and stats["episodes_in"] == 1
+
+
+def with_action(table: pa.Table, token: int) -> pa.Table:
+    """``table`` with every row's one action token ``token``."""
+    i = table.schema.get_field_index(Columns.ACTION_IDS)
+    return table.set_column(i, Columns.ACTION_IDS, pa.array([[token]] * table.num_rows, pa.list_(pa.int32())))

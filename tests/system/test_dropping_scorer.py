@@ -31,7 +31,8 @@ def test_at_eta_0_a_scorer_dropping_one_episode_in_five_runs_to_its_budget(tiny_
                  "eval.every_s=0", "eval.games_per_seat=1", "eval.endpoint_games_per_seat=1",
                  "observe.tensorboard=false", "observe.dataset=false"]
     summary = launch(load_config(overrides))
-    assert summary["final_version"] >= 8 and not summary["interrupted"]  # before: stuck at its first versions for 2 minutes
+    # before: stuck at its first versions for its 2 minutes
+    assert summary["final_version"] >= 8 and not summary["interrupted"]
     rows = [json.loads(line) for line in (tmp_path / "drops" / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
     assert last["unscored_episodes"] >= 8 and 0 < last["given_back"]["unscored"] <= last["unscored_episodes"]
