@@ -30,6 +30,7 @@ from streams.wire import FrameCounter, Kind
 REPEATS = 3  # each notice goes out this many times ...
 REPEAT_S = 1.0  # ... this far apart
 MAX_WAITING = 4096  # notices kept to repeat: past this the oldest go out fewer times
+MAX_ID_CHARS = 512  # an env actor's ids are far shorter; a longer one is forged, and its notice would not fit a frame
 
 
 def episode_source(episode_id: str) -> str:
@@ -57,8 +58,9 @@ class DropNotices:
 
     def dropped(self, policy_id: str, episode_id: str | None, reason: str) -> None:
         """Tell ``episode_id``'s env actor its episode of ``policy_id`` is dropped for ``reason``. An episode with
-        no readable id (a forged one) was started by no env actor: nobody is told."""
-        if not isinstance(episode_id, str) or not isinstance(policy_id, str):
+        no readable id, or one no env actor makes (a forged one), was started by no env actor: nobody is told."""
+        if not isinstance(episode_id, str) or not isinstance(policy_id, str) or \
+                len(episode_id) + len(policy_id) > MAX_ID_CHARS:
             return
         body = EpisodeDropped(policy_id, episode_id, reason).to_body()
         self._waiting.append([trio.current_time(), dropped_topic(episode_source(episode_id)), body, REPEATS])

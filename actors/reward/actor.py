@@ -141,7 +141,7 @@ class RewardActor:
     def _unscored_episode(self, episode: pa.Table, reason: str, detail: str) -> None:
         self._stats["unscored"] += 1
         policy_id, name = episode_identity(episode)
-        self._unscored.add({reason: 1}, f"{name}: {detail}"[:300])
+        self._unscored.add({reason: 1}, f"{name or '?'}: {detail}"[:300])
         self._tell_dropped(policy_id, name, "unscored")
 
     def _checked(self, episode: pa.Table) -> pa.Table | None:
@@ -166,4 +166,3 @@ class RewardActor:
                 "unscored_by_reason": dict(self._unscored.counts), "scorer": self.scorer.statistics(),
                 "drop_notices": self._notices.counts["drop_notices"] if self._notices else 0,
                 "dropped_frames": inbox.get("dropped_frames", 0), "streams": {"episodes": inbox}}
-

@@ -35,6 +35,7 @@ def test_a_drop_notice_reaches_only_its_env_actor_and_goes_out_again_a_few_times
                 nursery.start_soon(_collect, inbox, got[name])
             notices.dropped("main", "20260101-000000/env-1-0-7", "unscored")
             notices.dropped("main", None, "rejected_by_reward")  # no id: started by nobody, told to nobody
+            notices.dropped("main", "env-1-0-" + "9" * 5000, "rejected_by_reward")  # forged: no frame would hold it
             await trio.sleep(REPEAT_S * (REPEATS + 2))
             nursery.cancel_scope.cancel()
 
