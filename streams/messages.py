@@ -20,6 +20,13 @@ from streams.wire import FrameError, Shape, pack
 MAX_SEATS = 16  # the most seats (players) a match may have
 WEIGHTS_TOPIC = b"weights/"
 VERSION_TOPIC = b"version/"
+DROPPED_TOPIC = b"dropped/"
+
+
+def dropped_topic(source: str) -> bytes:
+    """The topic of ``source``'s drop notices (an env actor's name): closed by a slash, so that ``env-1`` does not
+    subscribe to ``env-10``'s too (topics match by prefix)."""
+    return DROPPED_TOPIC + source.encode() + b"/"
 
 
 @dataclass
@@ -137,6 +144,29 @@ class VersionAnnounced:
         if not -1 <= f["eta"] <= 1_000_000:
             raise FrameError(f"version message with a staleness bound {f['eta']} outside [-1, 1000000]")
         return cls(f["policy"], f["version"], f["life"], f["eta"])
+
+
+@dataclass
+class EpisodeDropped:
+    """Episode ``episode_id`` of learning member ``policy_id``, delivered by its env actor, will never be trained
+    on: the reward actor or replay dropped it, for ``reason`` (``unscored``, ``rejected_by_reward``,
+    ``rejected_by_replay``, ``refused_by_replay``). Its env actor gives its admission back
+    (actors/env/admission.py); sent on the topic ``dropped_topic(<env actor>)``."""
+
+    policy_id: str
+    episode_id: str
+    reason: str
+
+    NAMES = ("policy", "episode", "reason")
+    SHAPE = Shape(str_len=1024)
+
+    def to_body(self) -> bytes:
+        return pack(dict(zip(self.NAMES, (self.policy_id, self.episode_id, self.reason))))
+
+    @classmethod
+    def from_body(cls, body) -> EpisodeDropped:
+        f = _fields(body, cls.NAMES, "dropped", (str, str, str), cls.SHAPE)
+        return cls(f["policy"], f["episode"], f["reason"])
 
 
 @dataclass

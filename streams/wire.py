@@ -68,6 +68,7 @@ class Kind(str, enum.Enum):
     MATCH_REQUEST = "match_request"  # an env actor asks the league for a match (msgpack)
     MATCH = "match"  # the league's answer: who sits in which seat (msgpack)
     MATCH_RESULT = "match_result"  # a finished league match: seats and returns (msgpack)
+    DROPPED = "dropped"  # a delivered episode that will never be trained on, and why (msgpack)
 
 
 _KINDS: dict[str, Kind] = {kind.value: kind for kind in Kind}  # a look-up, not an enum call, per frame
@@ -89,6 +90,7 @@ FRAME_LIMITS: dict[Kind, int] = {
     Kind.MATCH_REQUEST: 64 * 2**10,
     Kind.MATCH: 64 * 2**10,
     Kind.MATCH_RESULT: 64 * 2**10,
+    Kind.DROPPED: 4 * 2**10,
 }
 
 

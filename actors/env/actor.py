@@ -8,9 +8,11 @@ It composes four parts, each in its own module:
 - ``actors.env.matches``: where a training match comes from (self-play, or the league), chosen in ``run``.
 
 Training episodes play the match source's matches and go to the reward actor of the match's learner when
-they end; one that errored, or ended before the learner's turn, is never consumed and gives its admission
-back. Evaluation episodes seat the policy against a fixed opponent in each seat in turn; their results are
-kept in ``statistics()["evaluations"]`` and never trained on.
+they end; one that errored (a lost completion included: ``actors.env.policy_client``), or ended before the
+learner's turn, is never consumed and gives its admission back; so does one that the reward actor or replay
+dropped after its delivery, which they say in a drop notice on this actor's topic (``streams.drop_notices``).
+Evaluation episodes seat the policy against a fixed opponent in each seat in turn; their results are kept in
+``statistics()["evaluations"]`` and never trained on.
 
 Episode ids carry the run's ``life`` (a resumed run is a new one), so they never repeat in a run directory.
 A restarted env actor (``incarnation`` > 0) names its episodes and requests apart from its predecessor's, and
@@ -42,7 +44,7 @@ from actors.env.deliveries import Deliveries
 from actors.env.episode import EpisodeCounts, EpisodeSettings, move_token_budget, play_episode
 from actors.env.evaluation import EvaluationTally
 from actors.env.face import EnvStatistics
-from actors.env.policy_client import PolicyClient, TokenCodec, by_member, open_policy_client
+from actors.env.policy_client import REQUEST_DEADLINE_S, PolicyClient, TokenCodec, by_member, open_policy_client
 from actors.models.chat import PromptRenderer, prompt_format
 from actors.league.matchmaking import WEIGHTINGS, Payoff
 from actors.env.matches import Match, MatchSource, SelfPlayMatches, open_league_matches, seated, uniform_seats
@@ -50,12 +52,14 @@ from envs.answers import answer_problem
 from envs.registry import OPPONENTS, make
 from streams.disk import append_line
 from streams.endpoints import Inbox, open_outboxes
-from streams.messages import VERSION_TOPIC, VersionAnnounced
+from streams.messages import VERSION_TOPIC, EpisodeDropped, VersionAnnounced, dropped_topic
 from streams.schema import Columns
 from streams.wire import Kind
 
 POLICY = "policy"
 TASKS_SAVE_S = 30.0  # how often a role game's task buffer is saved with the run
+DROP_REASONS = ("unscored", "rejected_by_reward", "rejected_by_replay", "refused_by_replay")  # drop notices'
+GIVEN_BACK_MEMORY = 65536  # ids of dropped episodes remembered, so that a repeated notice counts once
 log = logging.getLogger(__name__)
 
 
@@ -98,6 +102,7 @@ class EnvConfig:
     tasks_dir: str | None = None  # a role game's task buffer is kept here with the run (``<name>.arrows``)
     prompt: dict = field(default_factory=dict)  # the run's prompt section: template, history, system (chat.py)
     max_context_tokens: int | None = None  # a turn's prompt and token budget must fit, else its episode ends
+    request_deadline_s: float = REQUEST_DEADLINE_S  # a move unanswered this long is asked again, then its episode drops
 
     def __post_init__(self):
         if self.policy_id in OPPONENTS:
@@ -109,6 +114,8 @@ class EnvConfig:
         problem = answer_problem(self.answer, self.env_name)
         if problem:
             raise ValueError(problem)
+        if not self.request_deadline_s > 0:  # said at launch, not when the first episode asks for a move
+            raise ValueError(f"request_deadline_s must be a positive number of seconds, not {self.request_deadline_s}")
         for key in ("format_penalty", "truncation_penalty"):
             if not math.isfinite(getattr(self, key)):
                 raise ValueError(f"{key} must be a finite number, not {getattr(self, key)}")
@@ -152,6 +159,7 @@ class EnvActor:
         self._policy: PolicyClient | None = None
         self._matches: MatchSource | None = None
         self._nursery = None
+        self._given_back_ids: dict[str, None] = {}  # dropped episodes given back (oldest first)
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         from transformers import AutoTokenizer  # heavy: loaded by the actor's process only
@@ -170,8 +178,11 @@ class EnvActor:
         topics = [VERSION_TOPIC + member.encode() for member in self._admission.members]
         async with (
             open_policy_client(transport, rollouts, name=self.name, own=cfg.policy_id, temperature=cfg.temperature,
-                               min_version=self._admission.version, incarnation=cfg.incarnation) as policy,
+                               min_version=self._admission.version, incarnation=cfg.incarnation,
+                               request_deadline_s=cfg.request_deadline_s) as policy,
             transport.open_subscriber(peers.get("versions", []), topics=topics) as versions,
+            transport.open_subscriber(peers.get("dropped", []), topics=[dropped_topic(self.name)],
+                                      capacity=256) as dropped,
             open_outboxes(transport, rewards, Kind.EPISODES, self.name, capacity=16) as episodes,
             self._open_matches(transport, peers) as matches,
             trio.open_nursery() as nursery,
@@ -182,6 +193,8 @@ class EnvActor:
             self._versions_inbox = Inbox(versions, Kind.VERSION, VersionAnnounced.from_body, topic=True)
             self._policy, self._matches, self._nursery = policy, matches, nursery
             nursery.start_soon(self._admission.follow_versions, self._versions_inbox)
+            self._dropped_inbox = Inbox(dropped, Kind.DROPPED, EpisodeDropped.from_body, topic=True)
+            nursery.start_soon(self._follow_drops, self._dropped_inbox)
             nursery.start_soon(self._train, matches)
             if self._tasks is not None and cfg.tasks_dir:
                 nursery.start_soon(self._keep_tasks, Path(cfg.tasks_dir) / f"{self.name}.arrows")
@@ -202,6 +215,26 @@ class EnvActor:
                 self._tasks.save(path)
         finally:
             self._tasks.save(path)
+
+    async def _follow_drops(self, inbox: Inbox) -> None:
+        while True:
+            self.episode_dropped(await inbox.receive())
+
+    def episode_dropped(self, notice: EpisodeDropped) -> None:
+        """The reward actor or replay dropped one of the episodes this actor delivered: its admission is given
+        back, once (notices repeat). A predecessor's episode is not this actor's to give back: a restart counts as
+        started only what replay holds of its predecessors' (``started_before``), and a dropped one is not there."""
+        own = notice.episode_id.startswith(self._id_prefix) and notice.policy_id in self._admission.members
+        if not own or notice.episode_id in self._given_back_ids:
+            return
+        self._given_back_ids[notice.episode_id] = None
+        while len(self._given_back_ids) > GIVEN_BACK_MEMORY:  # notices stop repeating long before these go
+            del self._given_back_ids[next(iter(self._given_back_ids))]
+        reason = notice.reason if notice.reason in DROP_REASONS else "dropped"
+        self._admission.given_back(notice.policy_id, reason)
+        if self.cfg.ledger_dir:  # the accounting's: produced, and dropped for a reason, not lost
+            with open(f"{self.cfg.ledger_dir}/{self.name}.dropped", "a") as f:
+                f.write(f"{notice.episode_id} {reason}\n")
 
     def _open_matches(self, transport, peers: dict):
         """The match source: the league's when ``peers`` names one, else this policy's self-play."""
@@ -293,7 +326,8 @@ class EnvActor:
                     "stray_matches": 0, "reissued_match_requests": 0, "prompt_cache_hits": 0, "streams": {},
                     "opponent_seat_probabilities": uniform_seats(self._num_players)}
         policy = self._policy.statistics()
-        streams = {"completions": policy.pop("completions"), "versions": self._versions_inbox.statistics()}
+        streams = {"completions": policy.pop("completions"), "versions": self._versions_inbox.statistics(),
+                   "dropped": self._dropped_inbox.statistics()}
         return {**policy, **self._matches.statistics(), "prompt_cache_hits": self.codec.hits, "streams": streams}
 
     # -- episodes --------------------------------------------------------------------------------------
@@ -330,7 +364,8 @@ class EnvActor:
             if played is not None and played[0]:
                 await self._deliver(match, *played)
             else:  # errored, or over before the learner's turn (an opponent's forfeit with more than two
-                self._admission.given_back(match.learner)  # players): never consumed, so it gives its admission back
+                # players): never consumed, so it gives its admission back
+                self._admission.given_back(match.learner, "errored" if played is None else "without_rows")
                 self._training["train_episodes_without_rows"] += played is not None
             await matches.finished(match, played)
         finally:
@@ -379,7 +414,12 @@ class EnvActor:
 
     def episode_id(self) -> str:
         """A new episode's id, ``<life>/<name>-<incarnation>-<n>``: never the same twice in a run directory."""
-        own = f"{self.name}-{self.cfg.incarnation}-{next(self._ids)}"
+        return f"{self._id_prefix}{next(self._ids)}"
+
+    @property
+    def _id_prefix(self) -> str:
+        """What the ids of this actor's episodes (this incarnation's, in this life of the run) begin with."""
+        own = f"{self.name}-{self.cfg.incarnation}-"
         return f"{self.cfg.life}/{own}" if self.cfg.life else own
 
     def _make_game(self):

@@ -18,6 +18,13 @@ are replaced by new ones. In a league, admission is kept per member, against tha
 
 The version is the live learner's: a learner restarted from an older checkpoint is a new life, and its lower
 version is taken (the limit shrinks until it has retrained what its predecessor had; nothing started is lost).
+
+Every episode started is accounted to the end: consumed by the learner, or given back with its reason
+(``given_back``; ``given_back_by_reason`` in the statistics): ``errored`` in the env (a refused generation or a
+lost completion included), ``without_rows`` (over before the learner's turn), or dropped after its delivery, as
+the reward actor or replay say in a drop notice (``unscored``, ``rejected_by_reward``, ``rejected_by_replay``,
+``refused_by_replay``: ``streams.drop_notices``). An episode never consumed and never given back would hold its
+place for good: at max_staleness 0 one such episode stops the run.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class Admission:
         for member, delivered in (started_before or {}).items():
             self._started[member] += delivered
         self.waits = 0  # times nothing could be admitted
+        self.given_back_by_reason: dict[str, int] = {}
         self._changed = trio.Event()
 
     @property
@@ -82,10 +90,12 @@ class Admission:
     def started(self, member: str) -> None:
         self._started[member] += 1
 
-    def given_back(self, member: str) -> None:
-        """An episode started for ``member`` that will never be consumed (errored, or without rows): its place
-        reopens at once, for the learner may wait on a replacement before it publishes a new version."""
+    def given_back(self, member: str, reason: str) -> None:
+        """An episode started for ``member`` that will never be consumed (errored, without rows, dropped after
+        its delivery: ``reason``): its place reopens at once, for the learner may wait on a replacement before it
+        publishes a new version."""
         self._started[member] -= 1
+        self.given_back_by_reason[reason] = self.given_back_by_reason.get(reason, 0) + 1
         self._moved()
 
     def set_version(self, member: str, version: int) -> None:
@@ -133,7 +143,7 @@ class Admission:
                 "admission_slot": list(self.slot), "learner_version": self.version(self.own),
                 "admission_limit": sum(map(self.limit, self._started)), "versions": dict(self._versions),
                 "etas": {m: self.eta(m) for m in self._started},
-                "learner_lives": dict(self._lives)}
+                "learner_lives": dict(self._lives), "given_back_by_reason": dict(self.given_back_by_reason)}
 
     def _share(self, allowance: int) -> int:
         """This actor's exact share of ``allowance`` among the env actors."""

@@ -30,7 +30,7 @@ from typing import Awaitable, Callable
 
 import trio
 
-from actors.env.policy_client import GenerationRefused
+from actors.env.policy_client import CompletionLost, GenerationRefused
 from actors.models.chat import PromptFormat, PromptRenderer
 from envs.answers import read_answer, reads_boxes, unreadable_reason
 from envs.base import StepResult
@@ -77,7 +77,8 @@ class EpisodeCounts:
     answer form, ``envs.answers``); ``unreadable_actions`` counts those apart."""
 
     NAMES = ("episodes", "steps", "turns", "invalid_actions", "unreadable_actions", "forfeits", "errored",
-             "truncated_actions", "truncated_prompts", "refused_generations", "context_full_episodes")
+             "truncated_actions", "truncated_prompts", "refused_generations", "lost_completions",
+             "context_full_episodes")
 
     def __init__(self, num_players: int):
         self.counts = dict.fromkeys(self.NAMES, 0)
@@ -109,11 +110,17 @@ async def play_episode(game, seats: list[str], policy: Policy, codec, settings: 
     """One episode of ``game`` (reset here with ``seed``): the agent-turn rows of ``learner``'s seats and
     every seat's return. ``codec`` turns prompts into token ids and actions back into text (``TokenCodec``).
 
-    None: the environment raised, or the rollout actor refused a generation; the game should not be reused.
+    None: the environment raised, the rollout actor refused a generation, or a move's completion was lost
+    (``CompletionLost``); the game should not be reused.
     """
     counts = counts if counts is not None else EpisodeCounts(game.num_players)
     try:
         return await _play(game, seats, _Turns(policy, codec, settings, counts), episode_id, seed, learner)
+    except CompletionLost as lost:
+        log.warning("episode %s dropped: %s", episode_id, lost)
+        counts.counts["errored"] += 1
+        counts.counts["lost_completions"] += 1
+        return None
     except GenerationRefused as refused:
         log.warning("episode %s dropped: %s", episode_id, refused)
         counts.counts["errored"] += 1

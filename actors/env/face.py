@@ -43,6 +43,7 @@ class _EnvStatistics(TypedDict):
     truncated_actions: int
     truncated_prompts: int
     refused_generations: int
+    lost_completions: int  # episodes ended (errored) with a move unanswered after its deadline and one reissue
     context_full_episodes: int  # ended truncated: a turn's prompt and budget would not fit max_context_tokens
     turns_by_role: dict[str, int]  # the policy's turns by role (a role game's), and its invalid moves
     invalid_by_role: dict[str, int]
@@ -60,6 +61,7 @@ class _EnvStatistics(TypedDict):
     versions: dict[str, int]  # each learning member's announced version
     etas: dict[str, int]
     learner_lives: dict[str, int]
+    given_back_by_reason: dict[str, int]  # training episodes never to be consumed, their admission given back
     training_in_flight: int
     drained: bool  # retired, and every episode it started delivered or given back
     # the policy client, the match source and the streams (zeros before ``run``)

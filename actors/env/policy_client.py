@@ -13,6 +13,12 @@ Request ids of a restarted env actor (``incarnation`` > 0) start apart from its 
 a dead actor's request is dropped here as a stray. A request stays in the waiting map until it is answered;
 ``reissue`` sends every unanswered one again (a rollout actor died with some of them, and only it knew which),
 and an answer that comes twice counts once.
+
+A completion can also be lost on its way back (the rollout's replies drop one they could not deliver in time:
+``streams.replies``), and nobody would ever say so. So each request has a deadline (``request_deadline_s``):
+unanswered by then it is sent once more, and unanswered a second deadline later its episode is dropped
+(``CompletionLost``) and gives its admission back, rather than wait, and hold its place in the staleness bound,
+for ever.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from streams.messages import (Completion, GenerationRequest, Packed, decode_comp
 from streams.wire import MAX_NEW_TOKENS, Kind
 
 GATHER_ROUNDS = 8  # scheduler rounds a frame of requests waits at most for more, while more keep coming
+REQUEST_DEADLINE_S = 120.0  # a request unanswered this long is sent again, once; then its episode is dropped
 
 
 class GenerationRefused(Exception):
@@ -38,9 +45,15 @@ class GenerationRefused(Exception):
     that asked is dropped, with the reason in the log, and counted as errored."""
 
 
+class CompletionLost(Exception):
+    """A request went unanswered past its deadline twice (sent, then sent again): its completion is taken as
+    lost, and the episode that asked is dropped, counted (``lost_completions``) and given back."""
+
+
 @contextlib.asynccontextmanager
 async def open_policy_client(transport, rollouts: dict[str, list[str]], *, name: str, own: str, temperature: float,
-                             min_version: Callable[[str], int], incarnation: int = 0) -> AsyncIterator[PolicyClient]:
+                             min_version: Callable[[str], int], incarnation: int = 0,
+                             request_deadline_s: float = REQUEST_DEADLINE_S) -> AsyncIterator[PolicyClient]:
     """A ``PolicyClient`` sending to each member's rollout group in ``rollouts`` (``own``: this actor's own
     policy), answered on a receiver of its own; its router and reissues run in its nursery until exit."""
     async with (
@@ -50,7 +63,8 @@ async def open_policy_client(transport, rollouts: dict[str, list[str]], *, name:
     ):
         client = PolicyClient(requests, Inbox(completions, Kind.COMPLETION, decode_completions),
                               completions.address, nursery, own=own, rollouts=rollouts,
-                              temperature=temperature, min_version=min_version, incarnation=incarnation)
+                              temperature=temperature, min_version=min_version, incarnation=incarnation,
+                              request_deadline_s=request_deadline_s)
         nursery.start_soon(client.route_completions)
         for group in requests:
             nursery.start_soon(client.send_requests, group)
@@ -62,8 +76,12 @@ class PolicyClient:
     """Generation requests out, completions back to the episode that waits on each (see the module)."""
 
     def __init__(self, requests: dict[str, Outbox], completions: Inbox, reply_to: str, nursery, *, own: str,
-                 rollouts: dict[str, list[str]], temperature: float, min_version: Callable[[str], int], incarnation: int = 0):
+                 rollouts: dict[str, list[str]], temperature: float, min_version: Callable[[str], int],
+                 incarnation: int = 0, request_deadline_s: float = REQUEST_DEADLINE_S):
+        if not request_deadline_s > 0:
+            raise ValueError(f"request_deadline_s must be a positive number of seconds, not {request_deadline_s}")
         self._requests, self._completions, self.reply_to, self._nursery = requests, completions, reply_to, nursery
+        self._deadline_s = request_deadline_s
         self._own = own
         self._rollouts = {m: list(a) for m, a in rollouts.items()}  # each group's actors: a scale changes them
         self._temperature, self._min_version = temperature, min_version
@@ -92,7 +110,16 @@ class PolicyClient:
         self._waiting[request_id] = (done, slot, request, group)
         self._post(group, request, False)
         try:
-            await done.wait()
+            for attempt in range(2):
+                with trio.move_on_after(self._deadline_s):
+                    await done.wait()
+                if done.is_set():
+                    break
+                if attempt == 0:  # lost on its way there or back, or only slow: once more (two answers count once)
+                    self._post(group, request, True)
+            else:
+                raise CompletionLost(f"generation request {request_id} to {group} unanswered for twice its deadline "
+                                     f"of {self._deadline_s:g} s (sent again once)")
         finally:
             self._waiting.pop(request_id, None)
         if slot[0].error:

@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 # counters that a restarted env or rollout actor starts again from 0, and that the run's totals continue (a
 # restarted learner takes its own back from its checkpoint; replay and reward's are not summed into totals)
 CONTINUED = ("episodes", "train_episodes", "train_return_sum", "turns", "invalid_actions", "unreadable_actions",
-             "tokens", "reissued_requests", "duplicate_completions", "requests")
+             "tokens", "reissued_requests", "duplicate_completions", "requests", "lost_completions")
+STALL_ROWS = 5  # metrics rows with nothing that could make a batch before the run is said to be stalled
 CONTINUED_KINDS = ("env", "rollout")
 
 
@@ -53,10 +54,57 @@ class ContinuedCounters:
         return out
 
 
-class MetricsLog:
-    """Appends one JSON line per snapshot to ``metrics.jsonl`` and derives rates between snapshots."""
+class StallWatch:
+    """Says, once a stall, that the run cannot move: the learner's version has not moved for ``rows`` metrics rows
+    while replay holds fewer than a batch (``batch_episodes``) and no episode is live, so no batch can form and
+    nothing under way will change that. Whatever the cause (admission exhausted by episodes never given back, a
+    scorer dropping everything), the run looks idle, and the row's drop counts say where episodes went."""
 
-    def __init__(self, run_dir: Path, window_s: float = 30.0, window_episodes: int = 0):
+    def __init__(self, batch_episodes: int, rows: int = STALL_ROWS):
+        self.batch_episodes, self.rows = batch_episodes, rows
+        self._version, self._still = None, 0
+
+    def observe(self, row: dict) -> int:
+        """Rows in a row with nothing that could make a batch (0: moving); warns once when it reaches ``rows``."""
+        idle = row["queue_replay"] < self.batch_episodes and row["live_episodes"] == 0
+        if row["version"] != self._version or not idle:
+            self._version, self._still = row["version"], 0
+            return 0
+        self._still += 1
+        if self._still == self.rows:
+            log.warning("the run is stalled: the learner's version has stayed at %s for %d metrics rows while replay "
+                        "holds %d episodes, fewer than a batch of %d, and no episode is live; episodes dropped so far: "
+                        "unscored %d, rejected by reward %d, rejected by replay %d, refused by replay %d, lost "
+                        "completions %d; given back by the env actors, by reason: %s", row["version"], self._still,
+                        row["queue_replay"], self.batch_episodes, row["unscored_episodes"], row["rejected_by_reward"],
+                        row["rejected_by_replay"], row["refused_by_replay"], row["lost_completions"],
+                        row["given_back"])
+        return self._still
+
+
+def dropped_figures(stats: dict[str, dict], envs: list[dict]) -> dict:
+    """Where the episodes that will never be trained on went: dropped by the reward actors (unscored, rejected
+    whole) and by replay (rejected whole, refused as too large), their completions lost in the env actors; and
+    the env actors' admission given back, by reason (actors/env/admission.py). Reward and replay count in their
+    own life (a restarted one starts again from 0)."""
+    rewards = [s for name, s in stats.items() if name.startswith("reward")]
+    replays = [s for name, s in stats.items() if name.startswith("replay")]
+    given_back = Counter()
+    for s in envs:
+        given_back.update(s.get("given_back_by_reason", {}))
+    return {"unscored_episodes": sum(s.get("unscored", 0) for s in rewards),
+            "rejected_by_reward": sum(s.get("rejected_episodes", 0) for s in rewards),
+            "rejected_by_replay": sum(s.get("rejected_episodes", 0) for s in replays),
+            "refused_by_replay": sum(s.get("refused_episodes", 0) for s in replays),
+            "lost_completions": sum(s.get("lost_completions", 0) for s in envs),
+            "given_back": dict(given_back)}
+
+
+class MetricsLog:
+    """Appends one JSON line per snapshot to ``metrics.jsonl`` and derives rates between snapshots; warns when the
+    run is stalled (``StallWatch``; ``batch_episodes`` 0: never)."""
+
+    def __init__(self, run_dir: Path, window_s: float = 30.0, window_episodes: int = 0, batch_episodes: int = 0):
         self.path = run_dir / "metrics.jsonl"
         self.window_s, self.window_episodes = window_s, window_episodes
         self._history: list[tuple[float, int, float]] = []  # (time, training episodes, their return sum)
@@ -67,6 +115,7 @@ class MetricsLog:
         self.counters = ContinuedCounters()
         self.restarts = 0
         self.writers: list = []  # live writers (figures.py: TensorBoard, W&B): each row goes to them too
+        self.stall = StallWatch(batch_episodes)
 
     def restarted(self, name: str) -> None:
         """``name`` died and was restarted: what it had counted stays in the totals (no negative rates)."""
@@ -149,7 +198,8 @@ class MetricsLog:
                "dropped_frames": sum(s.get("dropped_frames", 0) for s in stats.values()),
                "truncated_actions": sum(s.get("truncated_actions", 0) for s in envs),  # cut at max_new_tokens
                "context_full_episodes": sum(s.get("context_full_episodes", 0) for s in envs),
-               "dataset_cpu_s": learner.get("dataset", {}).get("cpu_s")}
+               "dataset_cpu_s": learner.get("dataset", {}).get("cpu_s"),
+               **dropped_figures(stats, envs)}
         row.update(stream_totals([s for actor in stats.values() for s in actor.get("streams", {}).values()]))
         if extra:
             row.update(extra)
@@ -163,6 +213,8 @@ class MetricsLog:
             row["unreadable_rate"] = ((totals["unreadable_actions"] - before["unreadable_actions"]) / turns
                                       if turns else None)
         row["train_return"] = self._train_return(now, totals)
+        if rates and self.stall.batch_episodes and self.started is not None:  # training: a batch is due
+            row["stalled_rows"] = self.stall.observe(row)
         row.update(role_figures(envs, learner))
         for key in ("staleness_mean", "staleness_max", "staleness_hist", "pg_loss", "clip_fraction", "approx_kl",
                     "logprob_gap", "logprob_gap_same_version", "is_weight_mean", "is_outside_share", "entropy",

@@ -34,8 +34,16 @@ is reloaded from a spill: a row with a null or missing id, ragged per-token list
 rejected, counted by reason (``rejected_by_reason``) and logged at a bounded rate; it never reaches the spill or a
 batch. The episode's other rows go on. What the learner can have reached: its highest announced version, plus a
 version for each batch sent since (the learner's version rises by one an update), plus ``VERSION_SLACK`` (batches
-in flight when it announced, a league reset); with a ``versions`` peer, replay takes no episode before the first
-announcement (the learner announces every second). The learner itself refuses any token newer than its version.
+in flight when it announced, a league reset), plus what the learner's own bound allows past it
+(``Trainer.newest_version``): once the learner has restarted (an announced life above 0) or the run was resumed,
+its dead predecessor may have published up to ``checkpoint_every`` versions past the checkpoint the living one
+started from, and episodes sampled with those are honest (without periodic checkpoints no ceiling is known). So a
+replay that starts after the learner came back at an older checkpoint refuses none of them. With a ``versions``
+peer, replay takes no episode before the first announcement (the learner announces every second). The learner
+itself refuses any token newer than its bound.
+
+An episode rejected whole or refused is told to its env actor (``streams.drop_notices``), which gives its admission
+back: it will never be consumed, and its place in the staleness bound's allowance must not stay taken.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from actors.models.checkpoint_dir import find_checkpoint
 from actors.replay.buffer import OldestFirst
 from actors.replay.face import ReplayStatistics
 from actors.replay.spill import Spill, episode_source, previous_life
+from streams.drop_notices import DropNotices, episode_identity
 from streams.endpoints import Inbox, Outbox
 from streams.messages import VERSION_TOPIC, VersionAnnounced
 from streams.schema import Columns, decode_table, encode_table
@@ -71,6 +80,7 @@ class ReplayConfig:
     checkpoint_dir: str | None = None  # the learner's checkpoints: the spill is compacted below their data cursor
     resume: bool = False  # a resumed run: take over the previous life's live episodes and batches
     vocab_size: int | None = None  # the learner's vocabulary: a token id at or above it is refused (None: unchecked)
+    checkpoint_every: int = 0  # the learner's: how far past its checkpoint a dead learner may have published
 
 
 class ReplayActor:
@@ -96,6 +106,9 @@ class ReplayActor:
         self._rejected = Rejections(f"{name}: episode rows")
         self._learner_version: int | None = None  # the highest version its learner announced ...
         self._sent_at_announcement = 0  # ... and the batches sent when it heard it
+        self._learner_life = 0  # the newest life of its learner announced
+        self._version_known = trio.Event()  # the learner's first announcement (at once without a versions peer)
+        self._notices: DropNotices | None = None
 
     def batch_bytes_limit(self) -> int:
         """The largest batch body that goes out: within the batch frame limit with its header (looked up now, so
@@ -108,7 +121,6 @@ class ReplayActor:
         self._seen: set[str] = set()  # episode ids held or batched, not compacted: a second copy is dropped
         self._last_seq = 0
         self._disk = trio.Lock()  # one spill operation at a time (each on a thread)
-        self._version_known = trio.Event()  # the learner's first announcement (at once without a versions peer)
         if not peers.get("versions"):
             self._version_known.set()
         if self._spill is not None:
@@ -117,14 +129,18 @@ class ReplayActor:
             transport.open_receiver(capacity=16, ack_when_done=self._spill is not None) as episodes,
             transport.open_sender(peers["learner"], capacity=1) as learner,
             transport.open_subscriber(peers.get("versions", []), topics=[VERSION_TOPIC]) as versions,
+            transport.open_publisher(capacity=64) as dropped,
             trio.open_nursery() as nursery,
         ):
             self._inbox = Inbox(episodes, Kind.EPISODES, decode_table)
+            self._notices = DropNotices(dropped, self.name)
+            nursery.start_soon(self._notices.run)
             nursery.start_soon(self._follow_versions, Inbox(versions, Kind.VERSION, VersionAnnounced.from_body,
                                                             topic=True))
             nursery.start_soon(self._fill)
             nursery.start_soon(self._batch, Outbox(learner, Kind.BATCH, self.name))
-            task_status.started({"episodes": episodes.address, "batches_logged": self._last_seq,
+            task_status.started({"episodes": episodes.address, "dropped": dropped.address,
+                                 "batches_logged": self._last_seq,
                                  "inherited_episodes": self._stats["inherited_episodes"]})
 
     def rewind(self, consumed: int) -> None:
@@ -241,14 +257,17 @@ class ReplayActor:
             while len(self.buffer) >= self.cfg.capacity_episodes:
                 await self._changed.wait()
             await self._version_known.wait()  # the ceiling on versions is known before an episode is kept
-            episode = self._admit(await self._inbox.receive())
+            received = await self._inbox.receive()
+            episode = self._admit(received)
             if episode is None:
+                self._tell_dropped(received, "rejected_by_replay")
                 continue
             episode_id = episode.column(Columns.EPISODE_ID)[0].as_py()
             if self._known(episode_id):  # sent again by a restarted reward actor, or to a restarted replay
                 self._stats["duplicate_episodes"] += 1
                 continue
             if not self._admissible(episode_id, episode):  # before the spill: it never comes back
+                self._tell_dropped(episode, "refused_by_replay")
                 continue
             if self._spill is not None:  # on disk before it is acknowledged (at the next receive)
                 async with self._disk:
@@ -256,6 +275,11 @@ class ReplayActor:
             self._hold(episode_id, episode)
             self._stats["episodes_in"] += 1
             self._notify()
+
+    def _tell_dropped(self, episode: pa.Table, reason: str) -> None:
+        """The episode's env actor gives its admission back (``streams.drop_notices``)."""
+        if self._notices is not None and episode.num_rows:
+            self._notices.dropped(*episode_identity(episode), reason)
 
     async def _batch(self, learner: Outbox) -> None:
         while True:
@@ -293,9 +317,8 @@ class ReplayActor:
         if not episode.num_rows:  # no agent-turn of the policy's: nothing to train on, nothing to name it by
             self._stats["empty_episodes"] = self._stats.get("empty_episodes", 0) + 1
             return None
-        known, sent = self._learner_version, self._stats["batches_out"] + self._stats["batches_resent"]
-        ceiling = None if known is None else known + sent - self._sent_at_announcement + VERSION_SLACK
-        checked = check_rows(episode, vocab_size=self.cfg.vocab_size, one_episode=True, max_version=ceiling)
+        checked = check_rows(episode, vocab_size=self.cfg.vocab_size, one_episode=True,
+                             max_version=self.version_ceiling())
         if checked.rejected:
             self._rejected.add(checked.rejected, checked.example)
         if not checked.table.num_rows:
@@ -303,13 +326,30 @@ class ReplayActor:
             return None
         return checked.table
 
+    def version_ceiling(self) -> int | None:
+        """The newest version an episode's token may carry now (None: no bound is known; see the module)."""
+        if self._learner_version is None:
+            return None
+        past = 0
+        if self._learner_life > 0 or self.cfg.resume:  # its predecessor may have published past the checkpoint
+            if not self.cfg.checkpoint_every:
+                return None
+            past = self.cfg.checkpoint_every
+        sent = self._stats["batches_out"] + self._stats["batches_resent"] - self._sent_at_announcement
+        return self._learner_version + sent + past + VERSION_SLACK
+
     async def _follow_versions(self, inbox: Inbox) -> None:
         while True:
-            announced = await inbox.receive()
-            if self._learner_version is None or announced.version > self._learner_version:
-                self._learner_version = announced.version
-                self._sent_at_announcement = self._stats["batches_out"] + self._stats["batches_resent"]
-                self._version_known.set()
+            self.version_announced(await inbox.receive())
+
+    def version_announced(self, announced: VersionAnnounced) -> None:
+        """The learner's announcement: the highest version of any life is kept (a lower one of a newer life
+        narrows nothing: episodes sampled by the dead life's weights are still in flight), and its newest life."""
+        self._learner_life = max(self._learner_life, announced.life)
+        if self._learner_version is None or announced.version > self._learner_version:
+            self._learner_version = announced.version
+            self._sent_at_announcement = self._stats["batches_out"] + self._stats["batches_resent"]
+        self._version_known.set()
 
     def _notify(self) -> None:
         self._changed.set()
@@ -321,7 +361,8 @@ class ReplayActor:
         return {**self._stats, "buffered": len(self.buffer), "batches_logged": self._last_seq,
                 "received_by_source": dict(self._received_by_source), "compacted_through": spill,
                 "rejected_rows": self._rejected.total(), "rejected_by_reason": dict(self._rejected.counts),
-                "learner_version": self._learner_version,
+                "learner_version": self._learner_version, "learner_life": self._learner_life,
+                "drop_notices": self._notices.counts["drop_notices"] if self._notices else 0,
                 "refused_episodes": sum(self._refused.values()), "refused_by_reason": dict(self._refused),
                 "batch_bytes_limit": self.batch_bytes_limit(), "held_back": self._held_back,
                 "dropped_frames": inbox.get("dropped_frames", 0), "streams": {"episodes": inbox}}

@@ -29,6 +29,8 @@ class _ReplayStatistics(TypedDict):
     rejected_rows: int
     rejected_by_reason: dict[str, int]
     learner_version: int | None  # the highest its learner announced (None: none yet)
+    learner_life: int  # the newest life of its learner announced
+    drop_notices: int  # episodes rejected whole or refused, told to their env actors
     refused_episodes: int  # larger than a batch may be
     refused_by_reason: dict[str, int]
     batch_bytes_limit: int

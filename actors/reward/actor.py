@@ -23,7 +23,9 @@ missing id, ragged per-token lists, a negative token id or version, or a non-fin
 reason (``rejected_rows``) and logged at a bounded rate; the episode's other rows go on, and an episode left with
 no row is not passed on at all. An episode its scorer could not score (`actors.reward.scorers.Unscored`: a judge that
 failed, timed out or gave no readable score) is not passed on either: it is counted (``unscored``, by reason in
-``unscored_by_reason``) and logged at a bounded rate, never trained on with a reward nobody gave it.
+``unscored_by_reason``) and logged at a bounded rate, never trained on with a reward nobody gave it. Either drop
+is told to the episode's env actor (``streams.drop_notices``), which gives the episode's admission back: an episode
+dropped here holds no place in the staleness bound's allowance, so no count of drops can stall the run.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import trio
 from actors.reward.face import RewardStatistics
 from actors.reward.judges import JudgeConfig, JudgeScorer
 from actors.reward.scorers import Unscored, as_scorer, game_outcome
+from streams.drop_notices import DropNotices, episode_identity
 from streams.endpoints import Inbox, Outbox
 from streams.schema import Columns, decode_table, encode_table
 from streams.values import Rejections, check_rows
@@ -84,20 +87,24 @@ class RewardActor:
         self._rejected = Rejections(f"{name}: episode rows")
         self._unscored = Rejections(f"{name}: episodes left unscored")
         self._inbox = None
+        self._notices: DropNotices | None = None
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         concurrency = max(1, getattr(self.scorer, "concurrency", 1))
         async with (
             transport.open_receiver(capacity=receiver_capacity(concurrency), ack_when_done="explicit") as episodes,
             transport.open_sender(peers["replay"], capacity=16) as replay,
+            transport.open_publisher(capacity=64) as dropped,
             trio.open_nursery() as nursery,
         ):
             self._inbox = Inbox(episodes, Kind.EPISODES, decode_table)
+            self._notices = DropNotices(dropped, self.name)
+            nursery.start_soon(self._notices.run)
             outbox = Outbox(replay, Kind.EPISODES, self.name)
             if hasattr(self.scorer, "run"):
                 await nursery.start(self.scorer.run)
             slots, sending = trio.Semaphore(concurrency), trio.Lock()
-            task_status.started({"episodes": episodes.address})
+            task_status.started({"episodes": episodes.address, "dropped": dropped.address})
             while True:
                 await slots.acquire()  # at most `concurrency` episodes held: each done once passed on or dropped
                 received, token = await self._inbox.receive()
@@ -133,8 +140,9 @@ class RewardActor:
 
     def _unscored_episode(self, episode: pa.Table, reason: str, detail: str) -> None:
         self._stats["unscored"] += 1
-        name = episode.column(Columns.EPISODE_ID)[0].as_py() if episode.num_rows else "?"
-        self._unscored.add({reason: 1}, f"{name}: {detail}"[:300])
+        policy_id, name = episode_identity(episode)
+        self._unscored.add({reason: 1}, f"{name or '?'}: {detail}"[:300])
+        self._tell_dropped(policy_id, name, "unscored")
 
     def _checked(self, episode: pa.Table) -> pa.Table | None:
         """The episode's usable rows (None: none is)."""
@@ -144,10 +152,17 @@ class RewardActor:
         if checked.table.num_rows or not episode.num_rows:
             return checked.table
         self._stats["rejected_episodes"] += 1
+        self._tell_dropped(*episode_identity(episode), "rejected_by_reward")
         return None
+
+    def _tell_dropped(self, policy_id: str | None, episode_id: str | None, reason: str) -> None:
+        """The episode's env actor gives its admission back (``streams.drop_notices``)."""
+        if self._notices is not None:
+            self._notices.dropped(policy_id, episode_id, reason)
 
     def statistics(self) -> RewardStatistics:
         inbox = self._inbox.statistics() if self._inbox else {}
         return {**self._stats, "rejected_rows": self._rejected.total(), "rejected_by_reason": dict(self._rejected.counts),
                 "unscored_by_reason": dict(self._unscored.counts), "scorer": self.scorer.statistics(),
+                "drop_notices": self._notices.counts["drop_notices"] if self._notices else 0,
                 "dropped_frames": inbox.get("dropped_frames", 0), "streams": {"episodes": inbox}}

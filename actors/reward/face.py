@@ -19,6 +19,7 @@ class RewardStatistics(TypedDict):
     rejected_by_reason: dict[str, int]
     unscored_by_reason: dict[str, int]
     scorer: dict  # the scorer's own (a judge's batches and timings; a function's: none)
+    drop_notices: int  # episodes dropped here (unscored, rejected) and told to their env actors
     dropped_frames: int
     streams: dict[str, dict]
 

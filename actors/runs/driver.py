@@ -101,7 +101,8 @@ class Driver:
         self.dir = run_directory(Path(run.dir).expanduser(), run.name or default, resumed=cfg.resume is not None)
         self.lock = RunLock(self.dir, "its driver")  # before anything is written there: one driver a run
         (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-        self.metrics = MetricsLog(self.dir, window_s=run.return_window_s, window_episodes=run.return_window_episodes)
+        self.metrics = MetricsLog(self.dir, window_s=run.return_window_s, window_episodes=run.return_window_episodes,
+                                  batch_episodes=cfg.replay.args.batch_episodes)
         if cfg.observe.tensorboard:  # every row as TensorBoard events too, written here: the actors pay nothing
             self.metrics.writers.append(TensorBoardLog(self.dir))
         if cfg.observe.wandb:  # and to Weights & Biases, the optional extra

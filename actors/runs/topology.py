@@ -6,7 +6,8 @@ training matches. A single-policy run is a population of one member and no leagu
 names (``learner``, ``rollout-0``), a league's carry their member's (``learner-main``, ``rollout-main-0``).
 
 episodes: env -> reward-m -> replay-m -> learner-m;  weights: learner-m -> rollout-m-*;
-versions: learner-m -> env, replay-m (its ceiling on episodes' versions);  generation: env -> rollout-m-*
+versions: learner-m -> env, replay-m (its ceiling on episodes' versions);  drops: reward-m, replay-m -> env (the
+episodes they dropped, whose admission their env actor gives back);  generation: env -> rollout-m-*
 (requests for m, and for m's snapshots), rollout -> env (completions, to the address in each request);
 matches (a league): env -> league (requests, results), league -> env (assignments).
 
@@ -53,6 +54,7 @@ class Group:
     requests: dict[str, str] = field(default_factory=dict)  # rollout actor -> where it takes requests
     weights: str = ""  # the learner's publisher: versions and weight manifests
     episodes: str = ""  # where the reward actor takes finished episodes
+    dropped: list[str] = field(default_factory=list)  # the reward actor's and replay's drop notices (publishers)
     start_version: int = 0  # the learner's version when this life of the run started
     rollouts_made: int = 0  # rollout actors ever started: a joining one gets a name never used
 
@@ -140,8 +142,9 @@ def build_topology(cluster, cfg: RunConfig, model_path: str | Path, run_dir: Pat
     rewards = cluster.spawn_many([(g.reward, RewardActor, RewardConfig(tokenizer_path=top.tokenizer,
                                                                           **built_args(cfg.reward.args)),
                                    {"replay": [replay["episodes"]]}) for g, replay in zip(groups, replays)])
-    for group, learner, reward in zip(groups, learners, rewards):
+    for group, learner, replay, reward in zip(groups, learners, replays, rewards):
         group.weights, group.episodes, group.start_version = learner["weights"], reward["episodes"], learner["version"]
+        group.dropped = [reward["dropped"], replay["dropped"]]
     spawn_rollouts(cluster, cfg, top, {g.member: cfg.rollout.count for g in groups})
     count = cfg.env.count
     top.envs.extend(spawn_envs(cluster, cfg, top, [(f"env-{i}", i, (i, count)) for i in range(count)]))
@@ -178,7 +181,8 @@ def spawn_learner_ranks(cluster, cfg: RunConfig, life: str, groups: list[Group],
 def replay_config(cfg: RunConfig, group: Group, life: str) -> ReplayConfig:
     spill = str(group.spill_dir / life) if cfg.replay.spill else None  # with it a restarted replay loses nothing
     return ReplayConfig(spill_dir=spill, checkpoint_dir=str(group.policy_dir), resume=bool(cfg.resume),
-                        vocab_size=model_vocab_size(group.model_path), **built_args(cfg.replay.args))
+                        vocab_size=model_vocab_size(group.model_path), checkpoint_every=cfg.learner.checkpoint_every,
+                        **built_args(cfg.replay.args))
 
 
 def model_vocab_size(model_path: str) -> int:
@@ -239,7 +243,8 @@ def env_peers(top: Topology) -> dict:
     versions, and the league. Each actor gets its own (a scale later changes one actor's, not all of theirs)."""
     groups = top.groups.values()
     peers = {"rollout": {g.member: [g.requests[r] for r in g.rollouts] for g in groups},
-             "reward": {g.member: [g.episodes] for g in groups}, "versions": [g.weights for g in groups]}
+             "reward": {g.member: [g.episodes] for g in groups}, "versions": [g.weights for g in groups],
+             "dropped": [address for g in groups for address in g.dropped]}
     if top.league_addresses is not None:
         peers["league"] = top.league_addresses
     return peers

@@ -78,7 +78,7 @@ def test_an_episode_given_back_frees_its_place_and_wakes_the_waiter():
     episode before it publishes the version that would otherwise wake the env actor."""
     admission = Admission("main", max_staleness=0, batch_episodes=2)
     assert admit_all(admission) == 2
-    assert woken_by(admission, lambda: admission.given_back("main")) == [["main"]]
+    assert woken_by(admission, lambda: admission.given_back("main", "errored")) == [["main"]]
     assert admit_all(admission) == 1
 
 

@@ -106,3 +106,31 @@ def test_unreadable_completions_are_summed_and_read_as_a_rate_of_the_turns(tmp_p
                         "env-1": {"episodes": 0, "turns": 10, "invalid_actions": 0}})
     assert row["unreadable_actions"] == 4 and row["invalid_actions"] == 6
     assert row["unreadable_rate"] == 3 / 20 and row["invalid_rate"] == 4 / 20
+
+
+def test_the_row_says_where_episodes_were_dropped_and_a_stall_is_said_once(tmp_path, caplog):
+    """Reward's and replay's drops and the env actors' lost completions and admission given back are in the row;
+    with nothing that could make a batch (replay under B, no episode live) and the version still, the fifth such
+    row warns, once, and a version that moves ends the stall."""
+    from actors.observe.monitor import STALL_ROWS
+
+    log = MetricsLog(tmp_path, batch_episodes=8)
+    log.started = 0.0
+
+    def row(version: int, buffered: int = 3, live: int = 0) -> dict:
+        env = {**stats(4, 1.0)["env-0"], "live_episodes": live, "lost_completions": 1,
+               "given_back_by_reason": {"unscored": 2, "errored": 1}}
+        return log.snapshot({"learner": {"version": version, "episodes": 0, "train_s": 0.0}, "env-0": env,
+                             "env-1": {**env, "given_back_by_reason": {"unscored": 1}},
+                             "reward": {"unscored": 3, "rejected_episodes": 1},
+                             "replay": {"buffered": buffered, "rejected_episodes": 2, "refused_episodes": 1}})
+
+    first = row(4)
+    assert (first["unscored_episodes"], first["rejected_by_reward"], first["rejected_by_replay"],
+            first["refused_by_replay"], first["lost_completions"]) == (3, 1, 2, 1, 2)
+    assert first["given_back"] == {"unscored": 3, "errored": 1}
+    assert [row(4)["stalled_rows"] for _ in range(STALL_ROWS + 1)] == list(range(1, STALL_ROWS + 2))
+    stalled = [r for r in caplog.records if "the run is stalled" in r.getMessage()]
+    assert len(stalled) == 1 and "unscored 3" in stalled[0].getMessage()
+    assert row(5)["stalled_rows"] == 0  # the learner moved
+    assert row(5, buffered=8)["stalled_rows"] == row(5, live=2)["stalled_rows"] == 0  # a batch can form
