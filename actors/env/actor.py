@@ -233,8 +233,7 @@ class EnvActor:
         reason = notice.reason if notice.reason in DROP_REASONS else "dropped"
         self._admission.given_back(notice.policy_id, reason)
         if self.cfg.ledger_dir:  # the accounting's: produced, and dropped for a reason, not lost
-            with open(f"{self.cfg.ledger_dir}/{self.name}.dropped", "a") as f:
-                f.write(f"{notice.episode_id} {reason}\n")
+            append_line(f"{self.cfg.ledger_dir}/{self.name}.dropped", f"{notice.episode_id} {reason}")
 
     def _open_matches(self, transport, peers: dict):
         """The match source: the league's when ``peers`` names one, else this policy's self-play."""

@@ -328,12 +328,16 @@ def _read_batches(path: Path):
 def account_episodes(run_dir: str | Path, life: str, consumed_batches: int) -> dict:
     """Every training episode of a run's ``life`` by id: produced (the env actors' ledgers: delivered to
     reward), consumed (in the batches the learner trained, up to ``consumed_batches``, compacted ones included),
-    still held by replay, lost (produced and nowhere), duplicated (trained more than once) and inherited (taken
+    still held by replay, dropped (unscored or refused on the way, and given back to admission: the env actors'
+    ``*.dropped`` ledgers), lost (produced and nowhere), duplicated (trained more than once) and inherited (taken
     over from the previous life of a resumed run, so in no ledger of this one)."""
     run_dir = Path(run_dir)
     produced: set[str] = set()
     for path in (run_dir / "ledger" / life).glob("*.txt"):
         produced.update(line for line in path.read_text().splitlines() if line)
+    dropped: set[str] = set()
+    for path in (run_dir / "ledger" / life).glob("*.dropped"):
+        dropped.update(line.split()[0] for line in path.read_text().splitlines() if line.strip())
     spill = Spill(str(run_dir / "replay" / life))
     held, batches = spill.load()
     trained = [i for seq, ids in batches.items() if seq <= consumed_batches for i in ids]
@@ -343,6 +347,7 @@ def account_episodes(run_dir: str | Path, life: str, consumed_batches: int) -> d
     kept = set(held) | consumed
     inherited = {i for i in kept if not spill.own(i)}
     return {"produced": len(produced), "consumed": len(consumed), "held": len(set(held) - consumed),
-            "lost": len(produced - set(held) - consumed), "duplicated": duplicated,
+            "dropped": len(produced & dropped - consumed - set(held)),
+            "lost": len(produced - set(held) - consumed - dropped), "duplicated": duplicated,
             "unledgered": len(kept - produced - inherited),  # delivered by an env killed before it wrote
             "inherited": len(inherited)}

@@ -96,8 +96,15 @@ def test_the_spill_is_compacted_below_the_checkpointed_cursor_and_the_accounts_h
     (tmp_path / "ledger" / life).mkdir(parents=True)
     (tmp_path / "ledger" / life / "env-0.txt").write_text("\n".join(ids) + "\n")
     accounts = account_episodes(tmp_path, life, 3)
-    assert accounts == {"produced": 7, "consumed": 6, "held": 1, "lost": 0, "duplicated": 0, "unledgered": 0,
-                        "inherited": 0}
+    assert accounts == {"produced": 7, "consumed": 6, "held": 1, "dropped": 0, "lost": 0, "duplicated": 0,
+                        "unledgered": 0, "inherited": 0}
+    # an episode produced and given back (unscored, refused on the way: the env actor's *.dropped ledger) is no loss
+    extra = f"{life}/env-0-0-99"
+    (tmp_path / "ledger" / life / "env-0.txt").write_text("\n".join([*ids, extra]) + "\n")
+    assert account_episodes(tmp_path, life, 3)["lost"] == 1
+    (tmp_path / "ledger" / life / "env-0.dropped").write_text(f"{extra} unscored\n")
+    accounts = account_episodes(tmp_path, life, 3)
+    assert (accounts["lost"], accounts["dropped"], accounts["produced"]) == (0, 1, 8)
 
 
 def test_a_resumed_run_takes_over_the_previous_lives_episodes_and_batches(tmp_path):
