@@ -29,9 +29,9 @@ in a new life), and holds them, and the episodes, back until ``rewind`` (the run
 evaluation is played by the checkpointed policy).
 
 Every episode is checked before it is kept (``_admit``, `streams.values.check_rows`), as it arrives and as it
-is reloaded from a spill: a row with a null or missing id, ragged per-token lists, a token id outside
-``vocab_size``, a non-finite value, or a policy version below 0 or above what the learner can have reached is
-rejected, counted by reason (``rejected_by_reason``) and logged at a bounded rate; it never reaches the spill or a
+is reloaded from a spill: a row with a null or missing id, ragged per-token lists, no action token, more prompt and
+action tokens than ``max_row_tokens`` (the model's context), a token id outside ``vocab_size``, a non-finite value,
+a log-prob above 0, or a policy version below 0 or above what the learner can have reached is rejected, counted by reason (``rejected_by_reason``) and logged at a bounded rate; it never reaches the spill or a
 batch. The episode's other rows go on. What the learner can have reached: its highest announced version, plus a
 version for each batch sent since (the learner's version rises by one an update), plus ``VERSION_SLACK`` (batches
 in flight when it announced, a league reset); with a ``versions`` peer, replay takes no episode before the first
@@ -71,6 +71,8 @@ class ReplayConfig:
     checkpoint_dir: str | None = None  # the learner's checkpoints: the spill is compacted below their data cursor
     resume: bool = False  # a resumed run: take over the previous life's live episodes and batches
     vocab_size: int | None = None  # the learner's vocabulary: a token id at or above it is refused (None: unchecked)
+    max_row_tokens: int | None = None  # the model's context: a row of more prompt and action tokens is refused
+    # (None: unchecked); the learner refuses such a row too, against its model's max_position_embeddings
 
 
 class ReplayActor:
@@ -79,6 +81,9 @@ class ReplayActor:
             raise ValueError(f"replay capacity {cfg.capacity_episodes} < batch size {cfg.batch_episodes}")
         if cfg.max_batch_bytes is not None and cfg.max_batch_bytes <= 0:
             raise ValueError(f"replay max_batch_bytes {cfg.max_batch_bytes}: give a positive size, or null")
+        if cfg.max_row_tokens is not None and cfg.max_row_tokens < 2:
+            raise ValueError(f"replay max_row_tokens {cfg.max_row_tokens}: a row holds a prompt token and an action "
+                             "token at least; give the model's context, or null")
         self.cfg, self.name = cfg, name
         self._stats = {"episodes_in": 0, "batches_out": 0, "episodes_out": 0, "duplicate_episodes": 0,
                        "batches_resent": 0, "reloaded_episodes": 0, "short_batches": 0, "compactions": 0,
@@ -293,7 +298,8 @@ class ReplayActor:
             return None
         known, sent = self._learner_version, self._stats["batches_out"] + self._stats["batches_resent"]
         ceiling = None if known is None else known + sent - self._sent_at_announcement + VERSION_SLACK
-        checked = check_rows(episode, vocab_size=self.cfg.vocab_size, one_episode=True, max_version=ceiling)
+        checked = check_rows(episode, vocab_size=self.cfg.vocab_size, max_tokens=self.cfg.max_row_tokens,
+                             one_episode=True, max_version=ceiling)
         if checked.rejected:
             self._rejected.add(checked.rejected, checked.example)
         if not checked.table.num_rows:
