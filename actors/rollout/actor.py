@@ -84,6 +84,9 @@ class RolloutConfig:
     device: str = "auto"  # where hf models run: auto (CUDA when present) | cpu | cuda | cuda:<index>
     dtype: str = "auto"  # their precision: auto (bfloat16 on a GPU, float32 on the CPU) | float32 | bfloat16 | ...
     stop: list[str] = field(default_factory=list)  # sampling.stop: strings that end a completion, kept in it
+    # the most bytes a published version may claim (null: 4 a number of the model, as the learner publishes fp32,
+    # and room for the safetensors header); a manifest that claims more is refused before anything is allocated
+    max_weights_bytes: int | None = None
 
     def __post_init__(self):
         for key, check in (("device", check_device), ("dtype", check_dtype)):
@@ -99,6 +102,8 @@ class RolloutConfig:
             raise ValueError(f"unknown rollout backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if isinstance(self.vllm, dict):
             self.vllm = VllmOptions(**self.vllm)
+        if self.max_weights_bytes is not None and self.max_weights_bytes < 1:
+            raise ValueError(f"rollout max_weights_bytes must be a positive size (or null), not {self.max_weights_bytes}")
         if problems := stop_problems(self.stop):
             raise ValueError("; ".join(problems))
         self.stop = list(self.stop)
@@ -134,7 +139,8 @@ class RolloutActor:
             ):
                 self._inbox = Inbox(requests, Kind.GENERATE, decode_requests)  # a batch of requests a frame
                 manifests = LearnerFeed(weights)  # versions and lives, and manifests, in order
-                self._follower = WeightsFollower(transport, shared_memory=self.cfg.weights_shared_memory)
+                self._follower = WeightsFollower(transport, shared_memory=self.cfg.weights_shared_memory,
+                                                 max_bytes=await trio.to_thread.run_sync(weights_limit, self.cfg))
                 self._streams = {"requests": self._inbox, "weights": manifests}
                 nursery.start_soon(self._queue_requests, queue_in, completions_in, len(engine.tokenizer))
                 nursery.start_soon(self.weights.follow, manifests, self._follower)
@@ -178,6 +184,19 @@ class RolloutActor:
                 "weights": self._follower.stats if self._follower else {},
                 "vllm": engine.get("vllm", {}),
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}
+
+
+def weights_limit(cfg: RolloutConfig) -> int | None:
+    """The most bytes a version of the model can take when published: ``max_weights_bytes``, else 4 a number the
+    model directory stores (the learner publishes fp32) and ``HEADER_ROOM`` for the names and shapes; None where
+    the directory stores no safetensors (nothing to bound by but the manifest's own limits)."""
+    if cfg.max_weights_bytes is not None:
+        return cfg.max_weights_bytes
+    numbers = stored_parameters(cfg.model_path)
+    return 4 * numbers + HEADER_ROOM if numbers else None
+
+
+HEADER_ROOM = 16 * 2**20  # a safetensors header: a few hundred bytes a tensor, with room to spare
 
 
 def engine_problems(backend: str, temperature: float) -> list[str]:
