@@ -159,23 +159,41 @@ class Rejections:
         return sum(self.counts.values())
 
 
+MIN_VERSION_SLACK = 4  # a request may ask for this many versions past the newest its rollout heard announced (its
+# env actor follows the same announcements, and may hear one first)
+
+
+def version_beyond(min_version: int, announced: int | None) -> str:
+    """Why a request's ``min_version`` is beyond any version a rollout can expect to hold, the newest it heard
+    announced being ``announced`` (None: none yet, so no bound is known); "" if it is not."""
+    if announced is None or min_version <= announced + MIN_VERSION_SLACK:
+        return ""
+    return (f"min_version {min_version} is beyond the newest version announced ({announced}) plus "
+            f"{MIN_VERSION_SLACK}")
+
+
 class RequestChecks:
     """What a rollout actor checks of a generation request before it queues it (the message's decoder already
     refused an empty prompt, negative token ids and temperatures or lengths out of range): every prompt token id
     below the tokenizer's ``vocab_size`` (an id beyond the model's embedding crashes the sampler) and a
-    ``min_version`` that is not negative. A refused request is counted by reason and logged at a bounded rate."""
+    ``min_version`` that is not negative, nor beyond the newest version announced plus ``MIN_VERSION_SLACK`` (one
+    request that asked for version 10**12 once stopped an hf rollout for every requester). A refused request is
+    counted by reason and logged at a bounded rate."""
 
     def __init__(self, name: str):
         self.rejected = Rejections(f"{name}: generation requests")
 
-    def refusal(self, request, vocab_size: int) -> str:
-        """Why ``request`` (a ``GenerationRequest``) must not be sampled ("" if it may)."""
+    def refusal(self, request, vocab_size: int, announced: int | None = None) -> str:
+        """Why ``request`` (a ``GenerationRequest``) must not be sampled ("" if it may); ``announced``: the
+        newest version its rollout heard announced (None: none yet)."""
         reason, why = "", ""
         highest = max(request.prompt_ids)
         if highest >= vocab_size:
             reason, why = "token_id", f"prompt token id {highest} is outside the vocabulary of {vocab_size}"
         elif request.min_version < 0:
             reason, why = "version", f"min_version {request.min_version} is negative"
+        elif beyond := version_beyond(request.min_version, announced):
+            reason, why = "version", beyond
         if reason:
             self.rejected.add({reason: 1}, f"request {request.request_id} from {request.reply_to!r}: {why}")
         return why

@@ -12,7 +12,9 @@ the address named in its request.
   flight resume from their prefix with them.
 
 Either way a request waits until the actor holds weights at least as new as its ``min_version``, so no
-token is older than the learner version its env actor acted on. A restarted learner is a new *life*: the actor
+token is older than the learner version its env actor acted on; it waits on its own (the rest of its batch goes
+on) and for at most ``version_wait_s``, and one whose ``min_version`` lies beyond the newest version announced
+(plus a slack) is refused on arrival. A restarted learner is a new *life*: the actor
 follows it even to a lower version, and samples nothing more with the dead life's weights once the new one
 announced itself (`HeldWeights`, ``actors/rollout/weights.py``). A request it must not sample (a prompt token
 outside the tokenizer's vocabulary, a negative ``min_version``: `streams.values.RequestChecks`) is refused on arrival.
@@ -51,7 +53,7 @@ from actors.rollout.hf_engine import HfEngine, HfSampler, SnapshotCache
 from actors.rollout.sampling import StopStrings, stop_problems
 from actors.rollout.serving import Engine, Served, waiting
 from actors.rollout.vllm_engine import MAX_TEMPERATURE, VllmEngine, VllmOptions, VllmSampler
-from actors.rollout.weights import HeldWeights
+from actors.rollout.weights import VERSION_WAIT_S, HeldWeights
 from streams.endpoints import Inbox
 from streams.messages import (VERSION_TOPIC, WEIGHTS_TOPIC, Completion, decode_requests, encode_completions,
                              split_completions)
@@ -87,6 +89,7 @@ class RolloutConfig:
     # the most bytes a published version may claim (null: 4 a number of the model, as the learner publishes fp32,
     # and room for the safetensors header); a manifest that claims more is refused before anything is allocated
     max_weights_bytes: int | None = None
+    version_wait_s: float = VERSION_WAIT_S  # the longest a request waits for its min_version's weights (then refused)
 
     def __post_init__(self):
         for key, check in (("device", check_device), ("dtype", check_dtype)):
@@ -102,6 +105,8 @@ class RolloutConfig:
             raise ValueError(f"unknown rollout backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if isinstance(self.vllm, dict):
             self.vllm = VllmOptions(**self.vllm)
+        if not self.version_wait_s > 0:
+            raise ValueError(f"rollout version_wait_s must be > 0 seconds, not {self.version_wait_s!r}")
         if self.max_weights_bytes is not None and self.max_weights_bytes < 1:
             raise ValueError(f"rollout max_weights_bytes must be a positive size (or null), not {self.max_weights_bytes}")
         if problems := stop_problems(self.stop):
@@ -115,7 +120,7 @@ BACKENDS = ("hf", "vllm")
 class RolloutActor:
     def __init__(self, cfg: RolloutConfig, name: str = "rollout"):
         self.cfg, self.name = cfg, name
-        self.weights = HeldWeights(cfg.policy_id, name)  # the learner's newest, and those the engine holds
+        self.weights = HeldWeights(cfg.policy_id, name, cfg.version_wait_s)  # the learner's newest, and the engine's
         self.engine: Engine | None = None  # started by `run`
         self._started_at = time.perf_counter()
         self._queue = None
@@ -154,7 +159,8 @@ class RolloutActor:
     async def _queue_requests(self, queue_in, completions, vocab_size: int) -> None:
         while True:
             for request in await self._inbox.receive():
-                if refusal := self._checks.refusal(request, vocab_size):  # counted and logged; the env drops its episode
+                # counted and logged; the env drops its episode
+                if refusal := self._checks.refusal(request, vocab_size, self.weights.announced):
                     await completions.send((Completion.refused(request.request_id, refusal), request))
                 else:
                     await queue_in.send(request)

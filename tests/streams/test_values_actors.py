@@ -162,19 +162,23 @@ def test_a_rollout_refuses_a_prompt_outside_its_vocabulary_and_answers_the_next(
 
     async def main():
         transport = ZmqTransport()
-        rollout = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir)))
+        rollout = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir), version_wait_s=1.0))
         async with transport.open_receiver() as completions, trio.open_nursery() as nursery:
             addresses = await nursery.start(rollout.run, transport, {})
             replies = Inbox(completions, Kind.COMPLETION, decode_completions)  # what is ready together comes together
             async with transport.open_sender([addresses["requests"]]) as requests:
                 out = Outbox(requests, Kind.GENERATE, "env-0")
-                for request_id, prompt, min_version in [(1, [3, 10**6], 0), (2, [3, 4], -1), (3, [3, 4], 0)]:
+                # 4 asks for a version nobody announced: it waits on its own, and no longer than version_wait_s
+                for request_id, prompt, min_version in [(4, [3, 4], 10**12), (1, [3, 10**6], 0), (2, [3, 4], -1),
+                                                        (3, [3, 4], 0)]:
                     await out.send(GenerationRequest(request_id, completions.address, "main", prompt, 1.0, 2,
                                                      min_version).to_body())
-                seen["answers"] = {}
+                seen["answers"], seen["order"] = {}, []
                 with trio.fail_after(60):
-                    while len(seen["answers"]) < 3:
-                        seen["answers"].update((c.request_id, c) for c in await replies.receive())
+                    while len(seen["answers"]) < 4:
+                        for c in await replies.receive():
+                            seen["answers"][c.request_id] = c
+                            seen["order"].append(c.request_id)
             seen["stats"] = rollout.statistics()
             nursery.cancel_scope.cancel()
 
@@ -183,7 +187,9 @@ def test_a_rollout_refuses_a_prompt_outside_its_vocabulary_and_answers_the_next(
     assert "outside the vocabulary" in answers[1].error and not answers[1].token_ids
     assert "negative" in answers[2].error
     assert answers[3].error == "" and answers[3].token_ids  # the actor went on
+    assert "waited 1 s for weights of version 1000000000000" in answers[4].error and seen["order"][-1] == 4
     assert stats["rejected_by_reason"] == {"token_id": 1, "version": 1} and stats["requests"] == 1
+    assert stats["version_timeouts"] == 1
 
 
 def test_a_league_result_whose_learner_holds_no_seat_is_never_journaled(tmp_path):
