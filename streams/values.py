@@ -110,8 +110,8 @@ def check_rows(table: pa.Table, *, vocab_size: int | None = None, max_version: i
     flag("non_finite", ~finite)
     flag("logprob", logprobs.rows_where(logprobs.numbers(0.0) > MAX_LOGPROB))
     if max_abs is not None:
-        beyond = [np.abs(_filled(table.column(name), 0.0)) > max_abs for name in (Columns.REWARD, Columns.EPISODE_RETURN)]
-        flag("magnitude", beyond[0] | beyond[1])
+        reward, ret = (np.abs(_filled(table.column(name), 0.0)) for name in (Columns.REWARD, Columns.EPISODE_RETURN))
+        flag("magnitude", (reward > max_abs) | (ret > max_abs))
     versions = lists[Columns.POLICY_VERSIONS]
     flag("version", versions.rows_where(versions.outside(0, np.inf if max_version is None else max_version)))
     bad = reason >= 0
@@ -128,7 +128,8 @@ def within_context(table: pa.Table, max_tokens: int) -> Checked:
     """``table`` without the rows of more than ``max_tokens`` prompt and action tokens together (``too_long``):
     the one check of `check_rows` for a holder that runs the others elsewhere (the learner, whose trainer checks
     the rest)."""
-    lengths = _ListColumn(table.column(Columns.PROMPT_IDS)).lengths + _ListColumn(table.column(Columns.ACTION_IDS)).lengths
+    prompts, actions = (_ListColumn(table.column(name)).lengths for name in (Columns.PROMPT_IDS, Columns.ACTION_IDS))
+    lengths = prompts + actions
     long = lengths > max_tokens
     if not long.any():
         return Checked(table)

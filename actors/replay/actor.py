@@ -31,9 +31,10 @@ evaluation is played by the checkpointed policy).
 Every episode is checked before it is kept (``_admit``, `streams.values.check_rows`), as it arrives and as it
 is reloaded from a spill: a row with a null or missing id, ragged per-token lists, no action token, more prompt and
 action tokens than ``max_row_tokens`` (the model's context), a token id outside ``vocab_size``, a non-finite value,
-a log-prob above 0, or a policy version below 0 or above what the learner can have reached is rejected, counted by reason (``rejected_by_reason``) and logged at a bounded rate; it never reaches the spill or a
-batch. The episode's other rows go on. What the learner can have reached: its highest announced version, plus a
-version for each batch sent since (the learner's version rises by one an update), plus ``VERSION_SLACK`` (batches
+a log-prob above 0, or a policy version below 0 or above what the learner can have reached is rejected, counted
+by reason (``rejected_by_reason``) and logged at a bounded rate; it never reaches the spill or a batch. The
+episode's other rows go on. What the learner can have reached: its highest announced version, plus a version for
+each batch sent since (the learner's version rises by one an update), plus ``VERSION_SLACK`` (batches
 in flight when it announced, a league reset); with a ``versions`` peer, replay takes no episode before the first
 announcement (the learner announces every second). The learner itself refuses any token newer than its version.
 """

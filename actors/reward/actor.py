@@ -58,7 +58,8 @@ class RewardConfig:
 
     def __post_init__(self):
         if not 0 < self.max_abs < float("inf"):
-            raise ValueError(f"reward max_abs must be a positive finite bound on rewards and returns, not {self.max_abs!r}")
+            raise ValueError(f"reward max_abs must be a positive finite bound on rewards and returns, not "
+                             f"{self.max_abs!r}")
         if isinstance(self.judge, dict):
             self.judge = JudgeConfig(**self.judge)
         if self.scorer not in SCORERS:

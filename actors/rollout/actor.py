@@ -108,7 +108,8 @@ class RolloutConfig:
         if not self.version_wait_s > 0:
             raise ValueError(f"rollout version_wait_s must be > 0 seconds, not {self.version_wait_s!r}")
         if self.max_weights_bytes is not None and self.max_weights_bytes < 1:
-            raise ValueError(f"rollout max_weights_bytes must be a positive size (or null), not {self.max_weights_bytes}")
+            raise ValueError(f"rollout max_weights_bytes must be a positive size (or null), not "
+                             f"{self.max_weights_bytes}")
         if problems := stop_problems(self.stop):
             raise ValueError("; ".join(problems))
         self.stop = list(self.stop)

@@ -28,7 +28,8 @@ def test_a_role_seen_first_in_an_out_of_range_batch_gets_no_baseline():
 
 
 def test_in_range_batches_are_computed_as_before():
-    returns, roles, segments = torch.tensor([1.0, -1.0, 0.5, 2.0]), torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 2, 2])
+    returns, roles = torch.tensor([1.0, -1.0, 0.5, 2.0]), torch.tensor([0, 0, 1, 1])
+    segments = torch.tensor([0, 1, 2, 2])
     advantages, stats = rae_advantages(returns, roles, {0: 0.2}, decay=0.9, segments=segments)
     b0 = 0.9**2 * 0.2 + (1 - 0.9**2) * 0.0  # role 0: two trajectories, mean 0
     b1 = 1.25  # role 1 is new: its batch mean

@@ -58,7 +58,8 @@ def test_rows_beyond_the_context_or_the_reward_bound_are_refused_where_the_check
 
 
 def test_a_behaviour_log_prob_above_zero_is_refused_beyond_rounding():
-    table = decoded([row(**{C.BEHAVIOUR_LOGPROBS: [0.0, MAX_LOGPROB]}), row(turn=1, **{C.BEHAVIOUR_LOGPROBS: [-1.0, 0.01]})])
+    table = decoded([row(**{C.BEHAVIOUR_LOGPROBS: [0.0, MAX_LOGPROB]}),
+                     row(turn=1, **{C.BEHAVIOUR_LOGPROBS: [-1.0, 0.01]})])
     checked = check_rows(table)
     assert checked.rejected == {"logprob": 1} and checked.table.column(C.TURN).to_pylist() == [0]
 
