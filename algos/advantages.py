@@ -13,6 +13,13 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+# A running baseline is not moved by a batch whose mean return lies beyond this either way: no honest run returns
+# that much (the reward actor refuses a reward or return beyond ``reward.args.max_abs``, 1000 by default), and one
+# forged row of 3e38 once made a role's baseline 3.75e37, so that every step of the next ~200 updates was skipped.
+# Wider than the reward's bound on purpose: the objective does not see that setting, and a run that raises it
+# must not find its baselines frozen.
+BASELINE_RANGE = 1e6
+
 
 def discounted_returns(rewards: torch.Tensor, segments: torch.Tensor, turns: torch.Tensor,
                        gamma: float = 1.0) -> torch.Tensor:
@@ -59,7 +66,8 @@ def grpo_advantages(returns: torch.Tensor, groups: torch.Tensor, scale_by_std: b
 
 
 def role_group_advantages(returns: torch.Tensor, groups: torch.Tensor, segments: torch.Tensor, roles: torch.Tensor,
-                          baselines: dict[int, float], decay: float = 0.95, scale_by_std: bool = False):
+                          baselines: dict[int, float], decay: float = 0.95, scale_by_std: bool = False,
+                          max_abs: float = BASELINE_RANGE):
     """Advantages for role self-play (Absolute Zero's per-role baselines): a role that makes several attempts at
     one task in an episode (``groups``: one id per (episode, role); k solvers of one proposal) gets GRPO within
     that group; a role that acts once an episode (the proposer) gets RAE's running baseline of its role. A group
@@ -72,7 +80,8 @@ def role_group_advantages(returns: torch.Tensor, groups: torch.Tensor, segments:
     advantages = torch.zeros_like(returns, dtype=torch.float32)
     stats: dict = {"baselines": dict(baselines)}
     if (~several).any():
-        once, stats = rae_advantages(returns[~several], roles[~several], baselines, decay, segments[~several])
+        once, stats = rae_advantages(returns[~several], roles[~several], baselines, decay, segments[~several],
+                                     max_abs)
         advantages[~several] = once
     if several.any():
         grouped, _ = grpo_advantages(returns[several], groups[several], scale_by_std)
@@ -93,7 +102,7 @@ def rebn_advantages(returns: torch.Tensor, eps: float = 1e-6):
 
 
 def rae_advantages(returns: torch.Tensor, roles: torch.Tensor, baselines: dict[int, float], decay: float = 0.95,
-                   segments: torch.Tensor | None = None):
+                   segments: torch.Tensor | None = None, max_abs: float = BASELINE_RANGE):
     """Role-conditioned advantage estimation (RAE; SPIRAL, Liu et al. 2025, sec. 3.3).
 
     Each role (for self-play: one (game, seat) pair) keeps an exponential moving average of its returns,
@@ -109,21 +118,33 @@ def rae_advantages(returns: torch.Tensor, roles: torch.Tensor, baselines: dict[i
     ``segments`` (one id per trajectory, e.g. per (episode, seat)) counts the trajectories; without it each
     row counts as one. ``baselines`` maps role id -> baseline and is not modified; the updated map is
     returned in the stats under ``"baselines"``, for the caller to keep.
+
+    A role whose batch mean lies beyond ``max_abs`` either way (or is not a number) keeps its baseline (a role
+    seen for the first time gets none: 0 stands in), its rows' advantages are taken against it, and the stats
+    count it in ``"baselines_skipped"``: one batch of poison costs that batch, not the hundreds after it.
     """
     if not 0.0 <= decay < 1.0:
         raise ValueError(f"decay must lie in [0, 1), not {decay}")
     advantages = torch.zeros_like(returns, dtype=torch.float32)
     updated = dict(baselines)
     stats = {}
+    skipped = 0
     for role in roles.unique().tolist():
         sel = roles == role
         batch_mean = returns[sel].float().mean().item()
+        if not abs(batch_mean) <= max_abs:
+            skipped += 1
+            advantages[sel] = returns[sel].float() - updated.get(role, 0.0)
+            stats[f"baseline_role{role}"] = updated.get(role, 0.0)
+            continue
         n = int(segments[sel].unique().numel()) if segments is not None else int(sel.sum())
         previous = updated.get(role, batch_mean)
         updated[role] = decay**n * previous + (1.0 - decay**n) * batch_mean
         advantages[sel] = returns[sel].float() - updated[role]
         stats[f"baseline_role{role}"] = updated[role]
     stats["baselines"] = updated
+    if skipped:
+        stats["baselines_skipped"] = skipped
     return advantages, stats
 
 
@@ -159,7 +180,7 @@ class StateValues:
 
 def state_advantages(returns: torch.Tensor, roles: torch.Tensor, states: list, baselines: dict[int, float],
                      values: StateValues, prior: float = 4.0, decay: float = 0.95,
-                     segments: torch.Tensor | None = None):
+                     segments: torch.Tensor | None = None, max_abs: float = BASELINE_RANGE):
     """RAE with its role baseline refined per observed state: A_i = R_i - b(role_i, s_i).
 
     b(role, s) = (n * V + prior * b_role) / (n + prior), where V is the mean return of the n earlier visits to
@@ -167,11 +188,12 @@ def state_advantages(returns: torch.Tensor, roles: torch.Tensor, states: list, b
     baseline) and b_role is the role's RAE baseline. An unvisited state gets the RAE baseline; a state seen
     often gets its own mean. Credit then goes to the move that changed the outcome from where the agent
     stood (the block, the winning move) rather than to every move of a won game. ``values`` is updated with
-    this batch's returns, in place; the updated role baselines come back in the stats under ``"baselines"``.
+    this batch's returns, in place; the updated role baselines come back in the stats under ``"baselines"``. As
+    with the role baselines (`rae_advantages`), a state whose batch mean lies beyond ``max_abs`` is not updated.
     """
     if prior <= 0:
         raise ValueError(f"prior must be > 0, not {prior}")
-    _, stats = rae_advantages(returns, roles, baselines, decay, segments)
+    _, stats = rae_advantages(returns, roles, baselines, decay, segments, max_abs)
     role_baselines = stats["baselines"]
     keys = [(role, state) for role, state in zip(roles.tolist(), states)]
     baseline = torch.empty(len(keys), dtype=torch.float32)
@@ -179,14 +201,15 @@ def state_advantages(returns: torch.Tensor, roles: torch.Tensor, states: list, b
     for i, key in enumerate(keys):
         visits, value = values.get(key)
         known += visits > 0
-        baseline[i] = (visits * value + prior * role_baselines[key[0]]) / (visits + prior)
+        baseline[i] = (visits * value + prior * role_baselines.get(key[0], 0.0)) / (visits + prior)
     sums: dict[tuple, list] = {}
     for key, ret in zip(keys, returns.float().tolist()):
         entry = sums.setdefault(key, [0, 0.0])
         entry[0] += 1
         entry[1] += ret
     for key, (count, total) in sums.items():
-        values.update(key, count, total / count)
+        if abs(total / count) <= max_abs:
+            values.update(key, count, total / count)
     stats["states_known"] = known / max(len(keys), 1)
     stats["states_tracked"] = len(values)
     return returns.float() - baseline, stats

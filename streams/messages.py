@@ -18,6 +18,7 @@ from streams.generation_messages import (  # noqa: F401 (imported from here, as 
 from streams.message_fields import _address, _fields
 from streams.wire import FrameError, Shape, pack
 MAX_SEATS = 16  # the most seats (players) a match may have
+MAX_CHUNK_BYTES = 16 * 2**20  # the largest weights chunk a message carries (the learner's are 8 MiB)
 WEIGHTS_TOPIC = b"weights/"
 VERSION_TOPIC = b"version/"
 DROPPED_TOPIC = b"dropped/"
@@ -38,6 +39,11 @@ class WeightsManifest:
     ``chunk_crcs`` holds the CRC-32C of every chunk: a reader checks every byte, however it got them.
     ``life``: the learner's life that trained it (`VersionAnnounced`), so a follower that missed the announcement
     before it still tells a restarted learner's versions from its predecessor's.
+
+    ``size`` is bounded by what a learner could publish: as many chunks as it has checksums (``SHAPE``: 256 Ki),
+    each at most ``MAX_CHUNK_BYTES`` (a `WeightsChunk` carries no more), so at most 4 TiB; a follower bounds it
+    further by its own model (`streams.weights.WeightsFollower`'s ``max_bytes``). A manifest of 2**62 bytes in
+    chunks of 2**60 once decoded, and made a follower allocate what it claimed.
     """
 
     policy_id: str
@@ -63,7 +69,9 @@ class WeightsManifest:
     def from_body(cls, body) -> WeightsManifest:
         f = _fields(body, cls.NAMES, "weights manifest", (str, int, int, int, bytes, str, str, str, int), cls.SHAPE)
         crcs = np.frombuffer(f["crcs"], dtype="<u4").tolist() if len(f["crcs"]) % 4 == 0 else None
-        if f["size"] < 0 or f["chunk_bytes"] <= 0 or crcs is None or len(crcs) != -(-f["size"] // f["chunk_bytes"]):
+        if not 0 < f["chunk_bytes"] <= MAX_CHUNK_BYTES:
+            raise FrameError(f"weights manifest in chunks of {f['chunk_bytes']} bytes, outside (0, {MAX_CHUNK_BYTES}]")
+        if f["size"] < 0 or crcs is None or len(crcs) != -(-f["size"] // f["chunk_bytes"]):
             raise FrameError(f"weights manifest of {f['size']} bytes in chunks of {f['chunk_bytes']} does not "
                              f"match its {len(f['crcs']) / 4:g} checksums")
         if f["life"] < 0:
@@ -107,7 +115,7 @@ class WeightsChunk:
     data: bytes
 
     NAMES = ("policy", "version", "index", "data")
-    SHAPE = Shape(bin_len=16 * 2**20)  # a chunk
+    SHAPE = Shape(bin_len=MAX_CHUNK_BYTES)  # a chunk
 
     def to_body(self) -> bytes:
         return pack(dict(zip(self.NAMES, (self.policy_id, self.version, self.index, self.data))))

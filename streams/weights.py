@@ -263,17 +263,37 @@ class LearnerFeed:
 
 
 class WeightsFollower:
-    """A rollout actor's side: turns manifests into checked bytes, from shared memory or in chunks."""
+    """A rollout actor's side: turns manifests into checked bytes, from shared memory or in chunks.
 
-    def __init__(self, transport, fetch_timeout_s: float = 120.0, shared_memory: bool = True):
-        self.transport, self.fetch_timeout_s = transport, fetch_timeout_s
+    ``max_bytes``: the most a version of the follower's model can take (None: what the manifest's own bounds
+    allow); a manifest that claims more is refused before anything is allocated (``too_large``). `fetch` never
+    raises (but cancellation): whatever fails, a MemoryError included, costs that version, counted, and the
+    follower waits for the next, so no manifest can end the actor that follows it."""
+
+    def __init__(self, transport, fetch_timeout_s: float = 120.0, shared_memory: bool = True,
+                 max_bytes: int | None = None):
+        self.transport, self.fetch_timeout_s, self.max_bytes = transport, fetch_timeout_s, max_bytes
         self.host = host_id() if shared_memory else None  # None: never the publisher's host, always chunks
         self.stats = {"versions_received": 0, "from_shared_memory": 0, "from_chunks": 0, "corrupt": 0,
-                      "fetch_failed": 0, "bytes_received": 0}
+                      "fetch_failed": 0, "too_large": 0, "bytes_received": 0}
 
     async def fetch(self, manifest: WeightsManifest) -> mmap.mmap | bytearray | None:
         """The version's bytes (a private mapping of the shared file, or the assembled chunks), every chunk
-        checked; None (counted, logged) if they cannot be had whole."""
+        checked; None (counted, logged) if they cannot be had whole, or should not be had at all."""
+        if self.max_bytes is not None and manifest.size > self.max_bytes:
+            self.stats["too_large"] += 1
+            log.warning("weights version %d refused: its manifest claims %d bytes, more than the %d a version of "
+                        "this model can take", manifest.version, manifest.size, self.max_bytes)
+            return None
+        try:
+            return await self._fetch(manifest)
+        except Exception as error:  # noqa: BLE001 - a version lost, never the follower (cancellation passes)
+            self.stats["fetch_failed"] += 1
+            log.warning("weights version %d (%d bytes) not fetched: %r; waiting for the next", manifest.version,
+                        manifest.size, error)
+            return None
+
+    async def _fetch(self, manifest: WeightsManifest) -> mmap.mmap | bytearray | None:
         if manifest.host == self.host and os.path.exists(manifest.path):
             data, source = await trio.to_thread.run_sync(_map_file, manifest.path), "from_shared_memory"
         else:

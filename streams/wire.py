@@ -170,7 +170,7 @@ def _header(fields) -> Header:
     if not isinstance(fields, dict):
         raise FrameError(f"header is a {type(fields).__name__}, expected a map")
     version = fields.get("v")
-    if version != WIRE_VERSION:
+    if type(version) is not int or version != WIRE_VERSION:  # True and 1.0 equal 1, and are no wire version
         raise FrameError(f"wire version {version!r}, expected {WIRE_VERSION}", "wrong_version")
     try:
         kind = _KINDS[fields.get("kind")]

@@ -51,9 +51,11 @@ POISON = {  # reason -> a row that must be refused for it (each beside honest ro
     "null": row(**{C.EPISODE_ID: None}),
     "missing_id": row(**{C.EPISODE_ID: ""}),
     "empty_prompt": row(**{C.PROMPT_IDS: []}),
+    "no_action": row(**{C.ACTION_IDS: [], C.BEHAVIOUR_LOGPROBS: [], C.POLICY_VERSIONS: []}),
     "ragged": row(**{C.BEHAVIOUR_LOGPROBS: [-0.5]}),
     "token_id": row(**{C.ACTION_IDS: [6, 1000]}),
     "non_finite": row(**{C.REWARD: math.nan}),
+    "logprob": row(**{C.BEHAVIOUR_LOGPROBS: [-0.5, 0.7]}),
     "version": row(**{C.POLICY_VERSIONS: [2, -1]}),
 }
 

@@ -65,6 +65,7 @@ from streams.endpoints import Inbox, Outbox
 from streams.weights import WeightsPublisher, weights_to_bytes
 from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, VersionAnnounced, WeightsFetch
 from streams.schema import Columns, decode_batch
+from streams.values import within_context
 from streams.wire import Kind
 
 log = logging.getLogger(__name__)
@@ -339,10 +340,16 @@ class LearnerActor:
     def _update(self, table) -> dict:
         started = time.perf_counter()
         lr = self.cfg.learning_rate(self._wall_s(), self.version) * self.guard.step_scale
+        table, too_long = self._within_context(table)
         stats = self.trainer.update(table, lr, self.version)
-        token_versions = torch.tensor(table.column(Columns.POLICY_VERSIONS).combine_chunks().flatten().to_numpy())
+        if too_long:
+            stats["rejected_rows"] = stats.get("rejected_rows", 0) + too_long
+            stats["rejected_by_reason"] = {**stats.get("rejected_by_reason", {}), "too_long": too_long}
+        token_versions = torch.tensor(table.column(Columns.POLICY_VERSIONS).combine_chunks().flatten().to_numpy(),
+                                      dtype=torch.int64)
         staleness = self.version - token_versions
         histogram = Counter(staleness.tolist())
+        tokens = len(token_versions) > 0  # a batch of rows without action tokens (all refused) has none
         self._staleness.update(histogram)
         episodes = len(set(table.column(Columns.EPISODE_ID).to_pylist()))
         self.version += 1
@@ -352,11 +359,25 @@ class LearnerActor:
         self._totals["episodes"] += episodes
         self._totals["tokens"] += stats["tokens"]
         self._totals["train_s"] += elapsed
-        return {**stats, "version": self.version, "episodes": episodes, "train_s": elapsed, "lr": lr,
-                "staleness_mean": float(staleness.float().mean()), "staleness_max": int(staleness.max()),
-                "staleness_hist": {str(k): histogram[k] for k in sorted(histogram)},
-                "token_version_min": int(token_versions.min()), "token_version_max": int(token_versions.max()),
-                "time": time.time()}
+        spread = {"staleness_mean": float(staleness.float().mean()), "staleness_max": int(staleness.max()),
+                  "token_version_min": int(token_versions.min()), "token_version_max": int(token_versions.max())
+                  } if tokens else {}
+        return {**stats, "version": self.version, "episodes": episodes, "train_s": elapsed, "lr": lr, **spread,
+                "staleness_hist": {str(k): histogram[k] for k in sorted(histogram)}, "time": time.time()}
+
+    def _within_context(self, table):
+        """The batch without its rows of more prompt and action tokens than the model's context
+        (``max_position_embeddings``), and how many there were: such a row cannot be one sequence of the model, and
+        an update's time grows with the square of a row's length (one row of 16 k tokens took 11.7 s on the tiny
+        model), so one would stall the learner while it looks alive."""
+        context = getattr(self.trainer.model.config, "max_position_embeddings", None)
+        if context is None:
+            return table, 0
+        checked = within_context(table, context)
+        if checked.rejected:
+            log.warning("%d rows of a batch not trained on: longer than the model's context; e.g. %s",
+                        checked.rejected_rows, checked.example)
+        return checked.table, checked.rejected_rows
 
     def _react(self, table, stats: dict) -> dict:
         """After the update that made ``self.version``: the guard's move (a trip, and rollback to its anchor; or a

@@ -29,18 +29,19 @@ in a new life), and holds them, and the episodes, back until ``rewind`` (the run
 evaluation is played by the checkpointed policy).
 
 Every episode is checked before it is kept (``_admit``, `streams.values.check_rows`), as it arrives and as it
-is reloaded from a spill: a row with a null or missing id, ragged per-token lists, a token id outside
-``vocab_size``, a non-finite value, or a policy version below 0 or above what the learner can have reached is
-rejected, counted by reason (``rejected_by_reason``) and logged at a bounded rate; it never reaches the spill or a
-batch. The episode's other rows go on. What the learner can have reached: its highest announced version, plus a
-version for each batch sent since (the learner's version rises by one an update), plus ``VERSION_SLACK`` (batches
-in flight when it announced, a league reset), plus what the learner's own bound allows past it
-(``Trainer.newest_version``): once the learner has restarted (an announced life above 0) or the run was resumed,
-its dead predecessor may have published up to ``checkpoint_every`` versions past the checkpoint the living one
-started from, and episodes sampled with those are honest (without periodic checkpoints no ceiling is known). So a
-replay that starts after the learner came back at an older checkpoint refuses none of them. With a ``versions``
-peer, replay takes no episode before the first announcement (the learner announces every second). The learner
-itself refuses any token newer than its bound.
+is reloaded from a spill: a row with a null or missing id, ragged per-token lists, no action token, more prompt and
+action tokens than ``max_row_tokens`` (the model's context), a token id outside ``vocab_size``, a non-finite value,
+a log-prob above 0, or a policy version below 0 or above what the learner can have reached is rejected, counted
+by reason (``rejected_by_reason``) and logged at a bounded rate; it never reaches the spill or a batch. The
+episode's other rows go on. What the learner can have reached: its highest announced version, plus a version for
+each batch sent since (the learner's version rises by one an update), plus ``VERSION_SLACK`` (batches in flight
+when it announced, a league reset), plus what the learner's own bound allows past it (``Trainer.newest_version``):
+once the learner has restarted (an announced life above 0) or the run was resumed, its dead predecessor may have
+published up to ``checkpoint_every`` versions past the checkpoint the living one started from, and episodes
+sampled with those are honest (without periodic checkpoints no ceiling is known). So a replay that starts after
+the learner came back at an older checkpoint refuses none of them. With a ``versions`` peer, replay takes no
+episode before the first announcement (the learner announces every second). The learner itself refuses any token
+newer than its bound.
 
 An episode rejected whole or refused is told to its env actor (``streams.drop_notices``), which gives its admission
 back: it will never be consumed, and its place in the staleness bound's allowance must not stay taken.
@@ -81,6 +82,8 @@ class ReplayConfig:
     resume: bool = False  # a resumed run: take over the previous life's live episodes and batches
     vocab_size: int | None = None  # the learner's vocabulary: a token id at or above it is refused (None: unchecked)
     checkpoint_every: int = 0  # the learner's: how far past its checkpoint a dead learner may have published
+    max_row_tokens: int | None = None  # the model's context: a row of more prompt and action tokens is refused
+    # (None: unchecked); the learner refuses such a row too, against its model's max_position_embeddings
 
 
 class ReplayActor:
@@ -89,6 +92,9 @@ class ReplayActor:
             raise ValueError(f"replay capacity {cfg.capacity_episodes} < batch size {cfg.batch_episodes}")
         if cfg.max_batch_bytes is not None and cfg.max_batch_bytes <= 0:
             raise ValueError(f"replay max_batch_bytes {cfg.max_batch_bytes}: give a positive size, or null")
+        if cfg.max_row_tokens is not None and cfg.max_row_tokens < 2:
+            raise ValueError(f"replay max_row_tokens {cfg.max_row_tokens}: a row holds a prompt token and an action "
+                             "token at least; give the model's context, or null")
         self.cfg, self.name = cfg, name
         self._stats = {"episodes_in": 0, "batches_out": 0, "episodes_out": 0, "duplicate_episodes": 0,
                        "batches_resent": 0, "reloaded_episodes": 0, "short_batches": 0, "compactions": 0,
@@ -317,8 +323,8 @@ class ReplayActor:
         if not episode.num_rows:  # no agent-turn of the policy's: nothing to train on, nothing to name it by
             self._stats["empty_episodes"] = self._stats.get("empty_episodes", 0) + 1
             return None
-        checked = check_rows(episode, vocab_size=self.cfg.vocab_size, one_episode=True,
-                             max_version=self.version_ceiling())
+        checked = check_rows(episode, vocab_size=self.cfg.vocab_size, max_tokens=self.cfg.max_row_tokens,
+                             one_episode=True, max_version=self.version_ceiling())
         if checked.rejected:
             self._rejected.add(checked.rejected, checked.example)
         if not checked.table.num_rows:

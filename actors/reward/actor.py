@@ -19,7 +19,8 @@ scorers (`actors.reward.scorers`: a plain function from an episode table to an e
 (`actors.reward.judges`, ``reward.args.judge``).
 
 Every episode's rows are checked before they are scored (`streams.values.check_rows`): a row with a null or
-missing id, ragged per-token lists, a negative token id or version, or a non-finite value is rejected, counted by
+missing id, ragged per-token lists, no action token, a negative token id or version, a non-finite value, a log-prob
+above 0, or a reward or return beyond ``max_abs`` either way (``reward.args.max_abs``) is rejected, counted by
 reason (``rejected_rows``) and logged at a bounded rate; the episode's other rows go on, and an episode left with
 no row is not passed on at all. An episode its scorer could not score (`actors.reward.scorers.Unscored`: a judge that
 failed, timed out or gave no readable score) is not passed on either: it is counted (``unscored``, by reason in
@@ -56,8 +57,12 @@ class RewardConfig:
     scorer: str = "game_outcome"  # a name in SCORERS
     judge: JudgeConfig = field(default_factory=JudgeConfig)  # scorer=judge: the model and how it is asked
     tokenizer_path: Optional[str] = None  # the run's tokenizer (filled in by the topology): the judge's {prompt}
+    max_abs: float = 1e3  # a row whose reward or return lies beyond this either way is refused (counted: magnitude)
 
     def __post_init__(self):
+        if not 0 < self.max_abs < float("inf"):
+            raise ValueError(f"reward max_abs must be a positive finite bound on rewards and returns, not "
+                             f"{self.max_abs!r}")
         if isinstance(self.judge, dict):
             self.judge = JudgeConfig(**self.judge)
         if self.scorer not in SCORERS:
@@ -146,7 +151,7 @@ class RewardActor:
 
     def _checked(self, episode: pa.Table) -> pa.Table | None:
         """The episode's usable rows (None: none is)."""
-        checked = check_rows(episode, one_episode=True)
+        checked = check_rows(episode, max_abs=self.cfg.max_abs, one_episode=True)
         if checked.rejected:
             self._rejected.add(checked.rejected, checked.example)
         if checked.table.num_rows or not episode.num_rows:

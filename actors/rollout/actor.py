@@ -12,7 +12,9 @@ the address named in its request.
   flight resume from their prefix with them.
 
 Either way a request waits until the actor holds weights at least as new as its ``min_version``, so no
-token is older than the learner version its env actor acted on. A restarted learner is a new *life*: the actor
+token is older than the learner version its env actor acted on; it waits on its own (the rest of its batch goes
+on) and for at most ``version_wait_s``, and one whose ``min_version`` lies beyond the newest version announced
+(plus a slack) is refused on arrival. A restarted learner is a new *life*: the actor
 follows it even to a lower version, and samples nothing more with the dead life's weights once the new one
 announced itself (`HeldWeights`, ``actors/rollout/weights.py``). A request it must not sample (a prompt token
 outside the tokenizer's vocabulary, a negative ``min_version``: `streams.values.RequestChecks`) is refused on arrival.
@@ -51,7 +53,7 @@ from actors.rollout.hf_engine import HfEngine, HfSampler, SnapshotCache
 from actors.rollout.sampling import StopStrings, stop_problems
 from actors.rollout.serving import Engine, Served, waiting
 from actors.rollout.vllm_engine import MAX_TEMPERATURE, VllmEngine, VllmOptions, VllmSampler
-from actors.rollout.weights import HeldWeights
+from actors.rollout.weights import VERSION_WAIT_S, HeldWeights
 from streams.endpoints import Inbox
 from streams.messages import (VERSION_TOPIC, WEIGHTS_TOPIC, Completion, decode_requests, encode_completions,
                              split_completions)
@@ -84,6 +86,10 @@ class RolloutConfig:
     device: str = "auto"  # where hf models run: auto (CUDA when present) | cpu | cuda | cuda:<index>
     dtype: str = "auto"  # their precision: auto (bfloat16 on a GPU, float32 on the CPU) | float32 | bfloat16 | ...
     stop: list[str] = field(default_factory=list)  # sampling.stop: strings that end a completion, kept in it
+    # the most bytes a published version may claim (null: 4 a number of the model, as the learner publishes fp32,
+    # and room for the safetensors header); a manifest that claims more is refused before anything is allocated
+    max_weights_bytes: int | None = None
+    version_wait_s: float = VERSION_WAIT_S  # the longest a request waits for its min_version's weights (then refused)
 
     def __post_init__(self):
         for key, check in (("device", check_device), ("dtype", check_dtype)):
@@ -99,6 +105,11 @@ class RolloutConfig:
             raise ValueError(f"unknown rollout backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if isinstance(self.vllm, dict):
             self.vllm = VllmOptions(**self.vllm)
+        if not self.version_wait_s > 0:
+            raise ValueError(f"rollout version_wait_s must be > 0 seconds, not {self.version_wait_s!r}")
+        if self.max_weights_bytes is not None and self.max_weights_bytes < 1:
+            raise ValueError(f"rollout max_weights_bytes must be a positive size (or null), not "
+                             f"{self.max_weights_bytes}")
         if problems := stop_problems(self.stop):
             raise ValueError("; ".join(problems))
         self.stop = list(self.stop)
@@ -110,7 +121,7 @@ BACKENDS = ("hf", "vllm")
 class RolloutActor:
     def __init__(self, cfg: RolloutConfig, name: str = "rollout"):
         self.cfg, self.name = cfg, name
-        self.weights = HeldWeights(cfg.policy_id, name)  # the learner's newest, and those the engine holds
+        self.weights = HeldWeights(cfg.policy_id, name, cfg.version_wait_s)  # the learner's newest, and the engine's
         self.engine: Engine | None = None  # started by `run`
         self._started_at = time.perf_counter()
         self._queue = None
@@ -134,7 +145,8 @@ class RolloutActor:
             ):
                 self._inbox = Inbox(requests, Kind.GENERATE, decode_requests)  # a batch of requests a frame
                 manifests = LearnerFeed(weights)  # versions and lives, and manifests, in order
-                self._follower = WeightsFollower(transport, shared_memory=self.cfg.weights_shared_memory)
+                self._follower = WeightsFollower(transport, shared_memory=self.cfg.weights_shared_memory,
+                                                 max_bytes=await trio.to_thread.run_sync(weights_limit, self.cfg))
                 self._streams = {"requests": self._inbox, "weights": manifests}
                 nursery.start_soon(self._queue_requests, queue_in, completions_in, len(engine.tokenizer))
                 nursery.start_soon(self.weights.follow, manifests, self._follower)
@@ -148,7 +160,8 @@ class RolloutActor:
     async def _queue_requests(self, queue_in, completions, vocab_size: int) -> None:
         while True:
             for request in await self._inbox.receive():
-                if refusal := self._checks.refusal(request, vocab_size):  # counted and logged; the env drops its episode
+                # counted and logged; the env drops its episode
+                if refusal := self._checks.refusal(request, vocab_size, self.weights.announced):
                     await completions.send((Completion.refused(request.request_id, refusal), request))
                 else:
                     await queue_in.send(request)
@@ -178,6 +191,19 @@ class RolloutActor:
                 "weights": self._follower.stats if self._follower else {},
                 "vllm": engine.get("vllm", {}),
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}
+
+
+def weights_limit(cfg: RolloutConfig) -> int | None:
+    """The most bytes a version of the model can take when published: ``max_weights_bytes``, else 4 a number the
+    model directory stores (the learner publishes fp32) and ``HEADER_ROOM`` for the names and shapes; None where
+    the directory stores no safetensors (nothing to bound by but the manifest's own limits)."""
+    if cfg.max_weights_bytes is not None:
+        return cfg.max_weights_bytes
+    numbers = stored_parameters(cfg.model_path)
+    return 4 * numbers + HEADER_ROOM if numbers else None
+
+
+HEADER_ROOM = 16 * 2**20  # a safetensors header: a few hundred bytes a tensor, with room to spare
 
 
 def engine_problems(backend: str, temperature: float) -> list[str]:

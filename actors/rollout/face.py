@@ -21,11 +21,13 @@ class _RolloutStatistics(TypedDict):
     idle_s: float
     refused_requests: int
     lives_followed: int
+    version_timeouts: int  # requests refused after waiting ``version_wait_s`` for their min_version's weights
     rejected_requests: int
     rejected_by_reason: dict[str, int]
     version: int  # of the weights it serves
     life: int
     learner_life: int
+    announced: int | None  # the highest version its learner announced (None: nothing heard yet)
     backend: str
     dropped_frames: int
     idle_fraction: float

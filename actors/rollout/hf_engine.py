@@ -148,13 +148,20 @@ class SnapshotCache:
         return dict(self._stats)
 
 
+PARKED_BATCHES = 4  # an hf engine puts aside at most this many batches of requests waiting for newer weights
+
+
 class HfEngine:
     """The ``hf`` engine: the live policy as a transformers model on the actor's device (`HfSampler`).
 
-    The requests that wait are taken in one batch (up to ``max_batch``) and sampled after catching up with the
-    batch's newest ``min_version``; new weights are loaded between batches and (``interruptible``) between two
-    decoding steps. The snapshots' requests in the batch are sampled after the live policy's. ``latency_s``:
-    seconds every batch takes on top of sampling, as on a remote or much larger engine."""
+    The requests that wait are taken in one batch (up to ``max_batch``); new weights are loaded between batches
+    and (``interruptible``) between two decoding steps. A request whose ``min_version`` is newer than the weights
+    held is put aside (at most ``PARKED_BATCHES`` batches of them) and sampled in a later batch once they are
+    loaded; the rest of its batch goes on. One put aside for longer than the weights' ``wait_s``, or whose version
+    lies beyond what the learner announced, is answered with the refusal (`HeldWeights.refusal`): one request for
+    version 10**12 once stopped the engine for every requester. The snapshots' requests in the batch are sampled
+    after the live policy's. ``latency_s``: seconds every batch takes on top of sampling, as on a remote or much
+    larger engine."""
 
     def __init__(self, model, sampler: HfSampler, snapshots: SnapshotCache, weights: HeldWeights, *,
                  max_batch: int, interruptible: bool = True, latency_s: float = 0.0):
@@ -168,18 +175,64 @@ class HfEngine:
         await trio.to_thread.run_sync(load_weights, self.model, tensors)
 
     async def serve(self, requests: trio.MemoryReceiveChannel, completions: trio.MemorySendChannel) -> None:
+        parked: list[tuple[float, GenerationRequest]] = []  # (deadline, request): waiting for newer weights
         while True:
             idle_from = time.perf_counter()
-            batch = await waiting(requests, self.max_batch)
+            batch = await self._take(requests, parked)
             self.served.idle_s += time.perf_counter() - idle_from
-            if self.latency_s:
+            if self.latency_s and batch:
                 await trio.sleep(self.latency_s)  # the emulated engine's latency: this batch is busy meanwhile
             live = [r for r in batch if r.policy_id == self.weights.policy_id]
-            if live:
-                await self.weights.wait_for(max(request.min_version for request in live), self.load)
-                for answer in await self.generate(live):
-                    await completions.send(answer)
+            if live or parked:
+                await self.weights.wait_for(0, self.load)  # what arrived; a dead life's held: the live one's
+                ready, refused = self._sort(live, parked)
+                for request, why in refused:
+                    await completions.send((Completion.refused(request.request_id, why), request))
+                for start in range(0, len(ready), self.max_batch):
+                    for answer in await self.generate(ready[start:start + self.max_batch]):
+                        await completions.send(answer)
             await self.snapshots.sample([r for r in batch if r.policy_id != self.weights.policy_id], completions)
+
+    def _sort(self, live: list[GenerationRequest], parked: list) -> tuple[list, list]:
+        """The live requests (new ones, and those ``parked``) that the weights held serve now, and those to refuse
+        with the reason; the rest stay in ``parked``, new ones counted as waits."""
+        deadline, held = self.weights.deadline(), self.weights.version
+        waiting = parked + [(deadline, r) for r in live]
+        ready = [r for _, r in waiting if r.min_version <= held]
+        self.weights.waited(sum(r.min_version > held for r in live))
+        refused, parked[:] = [], []
+        for deadline, request in waiting:
+            if request.min_version > held:
+                if why := self.weights.refusal(request.min_version, deadline):
+                    refused.append((request, why))
+                else:
+                    parked.append((deadline, request))
+        return ready, refused
+
+    async def _take(self, requests: trio.MemoryReceiveChannel, parked: list) -> list[GenerationRequest]:
+        """What is waiting in ``requests`` (up to ``max_batch``, waiting for the first); with requests ``parked``,
+        only until weights arrive or load, a life is announced or the first of them may wait no longer, and
+        nothing new once ``PARKED_BATCHES`` batches of them wait (the actor's queue then fills: backpressure)."""
+        if not parked:
+            return await waiting(requests, self.max_batch)
+        held, changed = self.weights.version, self.weights.next_change()
+        if self.weights.pending or any(r.min_version <= held for _, r in parked):  # a swap mid-batch loaded them
+            return []
+        taken = []
+        with trio.move_on_at(min(deadline for deadline, _ in parked)):
+            async with trio.open_nursery() as nursery:
+                async def take():
+                    taken.extend(await waiting(requests, self.max_batch))
+                    nursery.cancel_scope.cancel()
+
+                async def weights_changed():
+                    await changed.wait()
+                    nursery.cancel_scope.cancel()
+
+                if len(parked) < PARKED_BATCHES * self.max_batch:
+                    nursery.start_soon(take)
+                nursery.start_soon(weights_changed)
+        return taken
 
     async def generate(self, batch: list[GenerationRequest]) -> list[Answer]:
         """``batch`` sampled with the live policy, as the weights held are now and as they change."""

@@ -369,7 +369,13 @@ class VllmEngine:
 
     async def _answer(self, request: GenerationRequest, completions, slots: trio.Semaphore) -> None:
         try:
-            await self.weights.wait_for(request.min_version)
+            deadline = self.weights.deadline()
+            with trio.move_on_at(deadline) as waited:  # no request waits for ever, nor holds its slot
+                await self.weights.wait_for(request.min_version)
+            if waited.cancelled_caught:
+                why = self.weights.refusal(request.min_version, deadline)
+                await completions.send((Completion.refused(request.request_id, why), request))
+                return
             try:
                 s = await self.sampler.sample(request.prompt_ids, temperature=request.temperature,
                                               max_tokens=request.max_tokens)

@@ -11,6 +11,10 @@ the new life's weights are loaded, which aborts and resumes them; a new request 
 
 The base model's weights the actor starts with (version 0, life None) are ordered by version alone, and no
 life's announcement makes them dead.
+
+A request waits for the weights its ``min_version`` asks for on its own, never holding up another's, and for at
+most ``wait_s`` (then it is refused, counted in ``version_timeouts``); one that asks for more than the newest
+version announced (``announced``, any life's) plus `streams.values.MIN_VERSION_SLACK` is refused at once.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from streams.messages import VersionAnnounced
+from streams.values import version_beyond
 from streams.weights import FetchedWeights, LearnerFeed
 
 log = logging.getLogger(__name__)
 WAIT_LOG_S = 30.0  # a wait for weights says so this often
+VERSION_WAIT_S = 300.0  # the longest a request waits for the weights its min_version asks for (then refused)
 
 Load = Callable[[int, object], Awaitable[None]]  # an engine's load(version, tensors): the weights into the engine
 
@@ -38,13 +44,15 @@ class HeldWeights:
     engine loads them itself (`wait_for` with ``load``: hf between batches; `swap`: hf between two decoding steps),
     or a task of the engine loads each as it arrives (`load_arrivals`: vllm)."""
 
-    def __init__(self, policy_id: str, name: str):
-        self.policy_id, self.name = policy_id, name
+    def __init__(self, policy_id: str, name: str, wait_s: float = VERSION_WAIT_S):
+        self.policy_id, self.name, self.wait_s = policy_id, name, wait_s
         self.version, self.life = 0, None  # of the weights the engine holds
         self.learner_life: int | None = None  # the newest life announced
+        self.announced: int | None = None  # the highest version announced, in any life (None: nothing heard yet)
         self._newest: FetchedWeights | None = None  # checked, not yet loaded
         self._changed = trio.Event()  # set (and replaced) when weights arrive or load, or a life is announced
-        self._stats = {"weights_applied": 0, "weights_applied_mid_batch": 0, "version_waits": 0, "lives_followed": 0}
+        self._stats = {"weights_applied": 0, "weights_applied_mid_batch": 0, "version_waits": 0, "lives_followed": 0,
+                       "version_timeouts": 0}
 
     @property
     def live(self) -> bool:
@@ -59,6 +67,7 @@ class HeldWeights:
             message = await feed.receive()
             if message.policy_id != self.policy_id:
                 continue
+            self.announced = max(message.version, self.announced if self.announced is not None else -1)
             # a newer life's manifest announces it too (its announcement may have been missed)
             self.on_life_announced(message.life)
             if isinstance(message, VersionAnnounced) or not self._wanted(message.life, message.version):
@@ -104,6 +113,35 @@ class HeldWeights:
                     counted = True
                 await self._next_change(needed)
 
+    def deadline(self) -> float:
+        """When a request that begins to wait now must wait no longer (trio's clock)."""
+        return trio.current_time() + self.wait_s
+
+    def refusal(self, min_version: int, deadline: float) -> str:
+        """Why a request for ``min_version`` waiting until ``deadline`` (`deadline`) must wait no longer: its
+        version is beyond what was announced, or its wait is over (counted); "" while it may wait on."""
+        if beyond := version_beyond(min_version, self.announced):
+            return beyond
+        if trio.current_time() < deadline:
+            return ""
+        self._stats["version_timeouts"] += 1
+        return (f"waited {self.wait_s:g} s for weights of version {min_version} (holding {self.version}, "
+                f"{self.announced} announced)")
+
+    @property
+    def pending(self) -> bool:
+        """Have weights arrived that were not loaded yet?"""
+        return self._newest is not None
+
+    def next_change(self) -> trio.Event:
+        """Set when weights next arrive or load, or a life is announced (taken before a look at what is held, so
+        that nothing that happens after the look is missed)."""
+        return self._changed
+
+    def waited(self, requests: int) -> None:
+        """``requests`` began to wait for newer weights than those held (counted in ``version_waits``)."""
+        self._stats["version_waits"] += requests
+
     def swap(self, load: Load) -> int | None:
         """In a sampling thread (one that trio started), between two decoding steps: load the newest weights that
         arrived, if any, and return their version. If those held are a dead life's, first wait for the live life's
@@ -120,7 +158,8 @@ class HeldWeights:
                 await self._changed.wait()
 
     def statistics(self) -> dict:
-        return {**self._stats, "version": self.version, "life": self.life, "learner_life": self.learner_life}
+        return {**self._stats, "version": self.version, "life": self.life, "learner_life": self.learner_life,
+                "announced": self.announced}
 
     def _replaces(self, life: int | None, version: int) -> bool:
         """Would weights of (``life``, ``version``) replace those held? Another life's (a newer one: only the

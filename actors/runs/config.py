@@ -43,7 +43,7 @@ BUILT = {
     RolloutConfig: ("model_path", "policy_id", "backend", "seed", "snapshot_dir", "stop"),
     LearnerConfig: ("model_path", "policy_id", "temperature", "max_staleness", "save_dir", "checkpoint_every",
                     "resume", "data_life", "life", "seed", "budget_s", "budget_versions", "ranks", "dataset_dir"),
-    ReplayConfig: ("spill_dir", "checkpoint_dir", "resume", "vocab_size", "checkpoint_every"),
+    ReplayConfig: ("spill_dir", "checkpoint_dir", "resume", "vocab_size", "checkpoint_every", "max_row_tokens"),
     LeagueConfig: ("members", "state_dir", "resume", "seed"),
     RewardConfig: ("tokenizer_path",),
 }

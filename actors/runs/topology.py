@@ -182,7 +182,7 @@ def replay_config(cfg: RunConfig, group: Group, life: str) -> ReplayConfig:
     spill = str(group.spill_dir / life) if cfg.replay.spill else None  # with it a restarted replay loses nothing
     return ReplayConfig(spill_dir=spill, checkpoint_dir=str(group.policy_dir), resume=bool(cfg.resume),
                         vocab_size=model_vocab_size(group.model_path), checkpoint_every=cfg.learner.checkpoint_every,
-                        **built_args(cfg.replay.args))
+                        max_row_tokens=model_context(group.model_path), **built_args(cfg.replay.args))
 
 
 def model_vocab_size(model_path: str) -> int:

@@ -49,7 +49,8 @@ def test_a_waiter_that_loads_takes_the_newest_offered_and_counts_each_wait_for_t
 
     trio.run(main)
     assert weights.statistics() == {"weights_applied": 3, "weights_applied_mid_batch": 0, "version_waits": 2,
-                                    "lives_followed": 0, "version": 4, "life": None, "learner_life": None}
+                                    "lives_followed": 0, "version_timeouts": 0, "version": 4, "life": None,
+                                    "learner_life": None, "announced": None}
 
 
 def test_a_request_waiting_for_the_loader_counts_one_wait_however_many_loads_it_waits_through():

@@ -236,8 +236,8 @@ def test_the_fuzzer_accounts_for_every_frame_and_every_actor_still_serves(tiny_m
     from tests.support.stream_fuzz import Fuzzer
 
     result = Fuzzer(20, str(tmp_path)).run(str(tiny_model_dir))
-    assert result["serving"] == dict.fromkeys(["rollout", "reward->replay->learner", "learner.fetch", "league", "env"],
-                                              True)
+    assert result["serving"] == dict.fromkeys(["rollout.manifest", "rollout.min_version", "rollout",
+                                               "reward->replay->learner", "learner.fetch", "league", "env"], True)
     assert result["frames"] == 200 and result["crashes"] == 0
 
 

@@ -59,6 +59,7 @@ def test_reward_passes_on_only_what_passes_and_counts_the_rest():
                     for table in poisoned_episodes().values():
                         await out.send(encode_table(table))
                     await out.send(encode_table(episode("env-0-all-bad", POISON["non_finite"], POISON["ragged"])))
+                    await out.send(encode_table(episode("env-0-huge", row(), row(**{C.REWARD: 3e38}))))
                     await out.send(encode_table(episode("env-0-last")))
                     await sender.drain()
 
@@ -74,10 +75,11 @@ def test_reward_passes_on_only_what_passes_and_counts_the_rest():
     assert all(check_rows(t).rejected == {} for t in tables)  # nothing poisoned reached replay ...
     rows = {t.column(C.EPISODE_ID)[0].as_py(): t.num_rows for t in tables}
     # ... and every honest row did; reward knows no vocabulary: replay and the learner check token ids against it
-    assert rows == {**{f"env-0-{reason}": 1 for reason in POISON}, "env-0-token_id": 2, "env-0-last": 2}
+    assert rows == {**{f"env-0-{reason}": 1 for reason in POISON}, "env-0-token_id": 2, "env-0-huge": 1,
+                    "env-0-last": 2}
     assert stats["streams"]["episodes"]["dropped_by_reason"] == {"bad_body": 2}  # the bad offset, the zstd body
-    assert stats["rejected_by_reason"] == {"null": 1, "missing_id": 1, "empty_prompt": 1, "ragged": 2,
-                                           "non_finite": 2, "version": 1}
+    assert stats["rejected_by_reason"] == {"null": 1, "missing_id": 1, "empty_prompt": 1, "no_action": 1, "ragged": 2,
+                                           "non_finite": 2, "logprob": 1, "magnitude": 1, "version": 1}
     assert stats["rejected_episodes"] == 1  # "all-bad": nothing of it went on
 
 
@@ -87,7 +89,7 @@ def test_replay_keeps_nothing_it_refuses_out_of_its_spill_and_its_batches(tmp_pa
     async def main():
         transport = ZmqTransport()
         replay = ReplayActor(ReplayConfig(batch_episodes=2, capacity_episodes=8, spill_dir=str(spill_dir),
-                                          vocab_size=100))
+                                          vocab_size=100, max_row_tokens=64))
         topic = VERSION_TOPIC + b"main"
         async with (
             transport.open_publisher(capacity=64) as learner_versions,
@@ -110,20 +112,21 @@ def test_replay_keeps_nothing_it_refuses_out_of_its_spill_and_its_batches(tmp_pa
                               episode("env-0-ahead", row(**{C.POLICY_VERSIONS: [5, 100 + VERSION_SLACK]})),
                               episode("env-0-near", row(**{C.POLICY_VERSIONS: [5, 5 + VERSION_SLACK]})),
                               episode("env-0-vocab", row(**{C.PROMPT_IDS: [100]})),
+                              episode("env-0-long", row(**{C.PROMPT_IDS: [3] * 63})),  # 65 tokens, 1 over
                               episode("env-0-a"), episode("env-0-b")]:
                     await out.send(encode_table(table))
                 with trio.fail_after(30):
-                    seen["batches"] = [(await batches.receive())[0] for _ in range(5)]
+                    seen["batches"] = [(await batches.receive())[0] for _ in range((len(POISON) + 3) // 2)]
             seen["stats"] = replay.statistics()
             nursery.cancel_scope.cancel()
 
     trio.run(main)
     stats, trained = seen["stats"], pa.concat_tables(seen["batches"])
     assert stats["streams"]["episodes"]["dropped_by_reason"] == {"bad_body": 1}
-    assert stats["rejected_by_reason"] == {"null": 1, "missing_id": 1, "empty_prompt": 1, "ragged": 1,
-                                           "token_id": 2, "non_finite": 1, "version": 2}
-    assert stats["rejected_episodes"] == 2  # "ahead" and "vocab": nothing left of them
-    assert check_rows(trained, vocab_size=100, max_version=5 + VERSION_SLACK).rejected == {}
+    assert stats["rejected_by_reason"] == {"null": 1, "missing_id": 1, "empty_prompt": 1, "no_action": 1, "ragged": 1,
+                                           "too_long": 1, "token_id": 2, "non_finite": 1, "logprob": 1, "version": 2}
+    assert stats["rejected_episodes"] == 3  # "ahead", "vocab" and "long": nothing left of them
+    assert check_rows(trained, vocab_size=100, max_version=5 + VERSION_SLACK, max_tokens=64).rejected == {}
     assert trained.num_rows == len(POISON) + 1 + 2 + 2  # the honest turns of the poisoned episodes, "near", "a", "b"
     spilled, _ = Spill(str(spill_dir)).load()
     assert sorted(spilled) == sorted(set(trained.column(C.EPISODE_ID).to_pylist()))  # nothing else was spilled
@@ -159,19 +162,23 @@ def test_a_rollout_refuses_a_prompt_outside_its_vocabulary_and_answers_the_next(
 
     async def main():
         transport = ZmqTransport()
-        rollout = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir)))
+        rollout = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir), version_wait_s=1.0))
         async with transport.open_receiver() as completions, trio.open_nursery() as nursery:
             addresses = await nursery.start(rollout.run, transport, {})
             replies = Inbox(completions, Kind.COMPLETION, decode_completions)  # what is ready together comes together
             async with transport.open_sender([addresses["requests"]]) as requests:
                 out = Outbox(requests, Kind.GENERATE, "env-0")
-                for request_id, prompt, min_version in [(1, [3, 10**6], 0), (2, [3, 4], -1), (3, [3, 4], 0)]:
+                # 4 asks for a version nobody announced: it waits on its own, and no longer than version_wait_s
+                for request_id, prompt, min_version in [(4, [3, 4], 10**12), (1, [3, 10**6], 0), (2, [3, 4], -1),
+                                                        (3, [3, 4], 0)]:
                     await out.send(GenerationRequest(request_id, completions.address, "main", prompt, 1.0, 2,
                                                      min_version).to_body())
-                seen["answers"] = {}
+                seen["answers"], seen["order"] = {}, []
                 with trio.fail_after(60):
-                    while len(seen["answers"]) < 3:
-                        seen["answers"].update((c.request_id, c) for c in await replies.receive())
+                    while len(seen["answers"]) < 4:
+                        for c in await replies.receive():
+                            seen["answers"][c.request_id] = c
+                            seen["order"].append(c.request_id)
             seen["stats"] = rollout.statistics()
             nursery.cancel_scope.cancel()
 
@@ -180,7 +187,9 @@ def test_a_rollout_refuses_a_prompt_outside_its_vocabulary_and_answers_the_next(
     assert "outside the vocabulary" in answers[1].error and not answers[1].token_ids
     assert "negative" in answers[2].error
     assert answers[3].error == "" and answers[3].token_ids  # the actor went on
+    assert "waited 1 s for weights of version 1000000000000" in answers[4].error and seen["order"][-1] == 4
     assert stats["rejected_by_reason"] == {"token_id": 1, "version": 1} and stats["requests"] == 1
+    assert stats["version_timeouts"] == 1
 
 
 def test_a_league_result_whose_learner_holds_no_seat_is_never_journaled(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from streams.messages import GenerationRequest
 from streams.schema import Columns as C
 from streams.schema import decode_table, encode_table, trajectory_table
-from streams.values import REASONS, Rejections, RequestChecks, check_rows
+from streams.values import MAX_LOGPROB, REASONS, Rejections, RequestChecks, check_rows, within_context
 from tests.factories import POISON, row
 
 
@@ -40,6 +40,28 @@ def test_each_kind_of_poison_is_refused_and_the_rest_of_the_table_goes_on(reason
 def test_every_float_is_finite(column, value):
     checked = check_rows(decoded([row(), row(turn=1, **{column: value})]))
     assert checked.rejected == {"non_finite": 1} and checked.table.num_rows == 1
+
+
+def test_rows_beyond_the_context_or_the_reward_bound_are_refused_where_the_checker_knows_them():
+    """A row of 16 k tokens stalled the learner for hours, and a finite reward of 3e38 skipped ~200 updates; both
+    passed the checks, which knew no bound on either."""
+    table = decoded([row(), row(turn=1, **{C.PROMPT_IDS: [3] * 62}), row(turn=2, **{C.PROMPT_IDS: [3] * 63}),
+                     row(turn=3, **{C.REWARD: -3e38}), row(turn=4, **{C.EPISODE_RETURN: 1000.5}),
+                     row(turn=5, **{C.REWARD: -1000.0, C.EPISODE_RETURN: 1000.0})])
+    assert check_rows(table).rejected == {}  # nothing known: neither is checked
+    checked = check_rows(table, max_tokens=64, max_abs=1000.0)
+    assert checked.rejected == {"too_long": 1, "magnitude": 2}
+    assert checked.table.column(C.TURN).to_pylist() == [0, 1, 5]  # 62 + 2 tokens, and +-1000 itself, pass
+    alone = within_context(table, 64)
+    assert alone.rejected == {"too_long": 1} and alone.table.num_rows == 5 and "65 tokens" in alone.example
+    assert within_context(table, 65).table.equals(table)
+
+
+def test_a_behaviour_log_prob_above_zero_is_refused_beyond_rounding():
+    table = decoded([row(**{C.BEHAVIOUR_LOGPROBS: [0.0, MAX_LOGPROB]}),
+                     row(turn=1, **{C.BEHAVIOUR_LOGPROBS: [-1.0, 0.01]})])
+    checked = check_rows(table)
+    assert checked.rejected == {"logprob": 1} and checked.table.column(C.TURN).to_pylist() == [0]
 
 
 def test_null_elements_inside_lists_and_null_scalars_are_refused():

@@ -5,7 +5,8 @@ tiny model, its replay (spilling to disk, told the model's vocabulary, following
 reward actor, and a league. ``run`` plays the env actors: it sends episodes to the reward actor, each an
 honest turn and a poisoned one of every class (a null or empty episode id, a repeated turn, a null token, ragged
 per-token lists, token ids beyond the vocabulary or negative, NaN and infinite rewards, returns and log-probs,
-negative and huge versions), episodes that are poison only, honest episodes, and two bad Arrow bodies (a bad middle
+negative and huge versions, no action token, a positive log-prob, more tokens than the model's context, a reward
+or return of 3e38), episodes that are poison only, honest episodes, and two bad Arrow bodies (a bad middle
 offset, zstd compression) to reward and to replay; one batch of every class straight to the learner, as a hostile
 sender on its socket would (nothing upstream has checked it); and match results to the league, honest ones and
 poisoned ones (a learner that holds no seat or is no member, the wrong number of seats, a NaN or infinite return).
@@ -36,7 +37,7 @@ from actors.league.actor import JOURNAL_FILE, LeagueActor, LeagueConfig
 from actors.learner.actor import LearnerActor, LearnerConfig
 from actors.replay.actor import ReplayActor, ReplayConfig
 from actors.reward.actor import RewardActor, RewardConfig
-from actors.runs.topology import model_vocab_size
+from actors.runs.topology import model_context, model_vocab_size
 from streams.channels import ZmqTransport
 from streams.endpoints import Outbox
 from streams.messages import MatchResult
@@ -61,10 +62,10 @@ def turn(episode: str, index: int, **changes) -> dict:
     return {**base, **changes}
 
 
-def poison_turns(vocab: int) -> dict[str, dict]:
-    """Each class of poison: the changes that make turn 1 of an episode poisonous."""
+def poison_turns(vocab: int, context: int) -> dict[str, dict]:
+    """Each class of poison: the changes that make turn 1 of an episode poisonous (``context``: the model's)."""
     n = 3  # turn 1 has 3 action tokens
-    return {
+    return {**LEARNER_UNBOUNDED,
         "null_id": {C.EPISODE_ID: None}, "empty_id": {C.EPISODE_ID: ""}, "repeated_turn": {C.TURN: 0, C.AGENT: 0},
         "null_token": {C.ACTION_IDS: [7, None, 9]}, "null_reward": {C.REWARD: None},
         "ragged_logprobs": {C.BEHAVIOUR_LOGPROBS: [-1.5]}, "ragged_versions": {C.POLICY_VERSIONS: [0] * (n + 2)},
@@ -75,14 +76,22 @@ def poison_turns(vocab: int) -> dict[str, dict]:
         "inf_logprob": {C.BEHAVIOUR_LOGPROBS: [-math.inf, -1.5, -1.5]},
         "negative_version": {C.POLICY_VERSIONS: [0, -1, 0]},
         "huge_version": {C.POLICY_VERSIONS: [0, 0, 2**31 - 1]}, "version_ahead": {C.POLICY_VERSIONS: [1000] * n},
+        "no_action": {C.ACTION_IDS: [], C.BEHAVIOUR_LOGPROBS: [], C.POLICY_VERSIONS: []},
+        "positive_logprob": {C.BEHAVIOUR_LOGPROBS: [-1.5, 2.0, -1.5]},
+        "beyond_context": {C.PROMPT_IDS: [5] * (context - n + 1)},
     }
 
 
-def episodes(rounds: int, vocab: int) -> tuple[list[pa.Table], int, int]:
+# Classes the reward actor refuses (reward.args.max_abs) and the learner does not: it does not know that bound, and
+# its defence against them is its baselines' (algos/advantages.py), so they are not in the batch sent to it straight.
+LEARNER_UNBOUNDED = {"huge_reward": {C.REWARD: 3e38}, "huge_return": {C.EPISODE_RETURN: -3e38}}
+
+
+def episodes(rounds: int, vocab: int, context: int) -> tuple[list[pa.Table], int, int]:
     """The episodes to send (poisoned, poison only, honest), their poisoned rows and their honest rows."""
     tables, poison, honest = [], 0, 0
     for r in range(rounds):
-        for name, changes in poison_turns(vocab).items():
+        for name, changes in poison_turns(vocab, context).items():
             rows = [turn(f"env-{r}-{name}", 0), turn(f"env-{r}-{name}", 1, **{C.ACTION_TEXT: MARK + name}, **changes)]
             tables.append(trajectory_table(rows))
             poison, honest = poison + 1, honest + 1
@@ -95,12 +104,15 @@ def episodes(rounds: int, vocab: int) -> tuple[list[pa.Table], int, int]:
     return tables, poison, honest
 
 
-def straight_batch(vocab: int) -> tuple[pa.Table, int]:
-    """A batch for the learner itself: an honest episode, and every class of poison as turn 1 of an episode."""
+def straight_batch(vocab: int, context: int) -> tuple[pa.Table, int]:
+    """A batch for the learner itself: an honest episode, and every class of poison the learner bounds as turn 1
+    of an episode."""
     rows = [turn("env-y-honest", 0), turn("env-y-honest", 1)]
-    for name, changes in poison_turns(vocab).items():
+    classes = {name: changes for name, changes in poison_turns(vocab, context).items()
+               if name not in LEARNER_UNBOUNDED}
+    for name, changes in classes.items():
         rows += [turn(f"env-y-{name}", 0), turn(f"env-y-{name}", 1, **{C.ACTION_TEXT: MARK + name}, **changes)]
-    return trajectory_table(rows), len(poison_turns(vocab))
+    return trajectory_table(rows), len(classes)
 
 
 def bad_bodies() -> list[bytes]:
@@ -158,7 +170,7 @@ def run(rounds: int = 2, quiet: bool = False, model: str | None = None) -> dict:
     model directory (default: the fuzzer's tiny model, made once in ~/.cache/tidal/models)."""
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     model = model or str(ensure_base_model("~/.cache/tidal/models", MODEL))
-    vocab = model_vocab_size(model)
+    vocab, context = model_vocab_size(model), model_context(model)
     trained: list[pa.Table] = []
     collate = actors.learner.trainer.collate
 
@@ -174,16 +186,17 @@ def run(rounds: int = 2, quiet: bool = False, model: str | None = None) -> dict:
             learner = cluster.spawn("learner", LearnerActor, LearnerConfig(
                 model_path=model, max_staleness=10**6, announce_every_s=0.2), peers={})
             replay = cluster.spawn("replay", ReplayActor, ReplayConfig(
-                batch_episodes=BATCH_EPISODES, capacity_episodes=64, spill_dir=str(root / "replay"), vocab_size=vocab),
+                batch_episodes=BATCH_EPISODES, capacity_episodes=64, spill_dir=str(root / "replay"), vocab_size=vocab,
+                max_row_tokens=context),
                 peers={"learner": [learner["batches"]], "versions": [learner["weights"]]})
             reward = cluster.spawn("reward", RewardActor, RewardConfig(), peers={"replay": [replay["episodes"]]})
             league = cluster.spawn("league", LeagueActor, LeagueConfig(
                 members=[{"id": "main", "role": "main"}, {"id": "exploiter", "role": "main_exploiter"}],
                 state_dir=str(root / "league")), peers={})
-            tables, poison_rows, honest_rows = episodes(rounds, vocab)
+            tables, poison_rows, honest_rows = episodes(rounds, vocab, context)
             results, poison_results = match_results()
             frames = bad_bodies()
-            batch, poison_in_batch = straight_batch(vocab)
+            batch, poison_in_batch = straight_batch(vocab, context)
 
             async def send():
                 with trio.move_on_after(60) as late:  # a receiver that died takes no more
@@ -258,7 +271,8 @@ def run(rounds: int = 2, quiet: bool = False, model: str | None = None) -> dict:
         "dropped_frames": {name: s.get("dropped_frames", 0) for name, s in stats.items()},
         "skipped_steps": skipped, "crashed": sorted(name for name, s in stats.items() if "crashed" in s),
     }
-    say(f"poison: {outcome['poison_rows']} poisoned rows and results sent ({len(poison_turns(vocab))} classes x "
+    classes = len(poison_turns(vocab, context))
+    say(f"poison: {outcome['poison_rows']} poisoned rows and results sent ({classes} classes x "
         f"{rounds} rounds through reward, poison-only episodes, 2 bad bodies x 2 receivers, a batch of every class "
         f"straight to the learner, {poison_results} league results)")
     say(f"poison: kept in the spill {in_spill}, in trained batches {in_batches}, in the league journal {in_journal}")

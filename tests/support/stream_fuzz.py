@@ -4,7 +4,8 @@ Every actor (learner, replay, reward, league, rollout, env) runs in this process
 over real ZeroMQ sockets, wired as in a run where it matters (reward -> replay -> learner). At each receiving
 endpoint `Fuzzer` sends N frames of every class:
 
-- frames: random bytes, a random body, a cut header, a cut body, another wire version, an unknown kind, another
+- frames: random bytes, a random body, a cut header, a cut body, another wire version (or ``True`` or ``1.0``, which
+  equal 1), an unknown kind, another
   kind, the wrong number of parts, an oversized frame, an oversized multi-part message (each part under the
   limit, together over it) and msgpack shape confusion (the kind's own fields in the wrong shapes and types, or
   msgpack where Arrow belongs);
@@ -12,8 +13,9 @@ endpoint `Fuzzer` sends N frames of every class:
   numbers outside the acknowledgement window (past the window, 2**63, 2**64-1, and a stranger's first message).
 
 Then it checks that each endpoint's counters account for every frame and that every actor still serves: the
-rollout answers a request, an episode goes reward -> replay -> learner and is trained on, the learner serves a
-chunk of its weights, the league assigns a match and takes a result, the env actor counts a stray completion.
+rollout skips a well-formed manifest of 1 TiB and refuses a request for version 10**12, then answers a request,
+an episode goes reward -> replay -> learner and is trained on, the learner serves a chunk of its weights, the
+league assigns a match and takes a result, the env actor counts a stray completion.
 `tests/streams/test_hostile_sockets.py` runs it small; `benchmarks/stream_fuzz.py` and `benchmarks/stream_bench.py`
 run it at 1,000 or 10,000 frames an endpoint and report `summary`'s part of their last line.
 """
@@ -37,8 +39,8 @@ from actors.reward.actor import RewardActor, RewardConfig
 from actors.rollout.actor import RolloutActor, RolloutConfig
 from streams.endpoints import Inbox, Outbox
 from streams.messages import (
-    VERSION_TOPIC, WEIGHTS_TOPIC, Completion, GenerationRequest, MatchAssigned, MatchRequest, MatchResult,
-    VersionAnnounced, WeightsChunk, WeightsFetch, WeightsManifest, decode_completions, decode_requests,
+    MAX_CHUNK_BYTES, VERSION_TOPIC, WEIGHTS_TOPIC, Completion, GenerationRequest, MatchAssigned, MatchRequest,
+    MatchResult, VersionAnnounced, WeightsChunk, WeightsFetch, WeightsManifest, decode_completions, decode_requests,
 )
 from streams.schema import Columns, decode_table, encode_table, trajectory_table
 from streams.wire import (
@@ -124,8 +126,8 @@ class FrameMaker:
             return [head[:rng.randrange(len(head))], body]
         if choice == 3:  # cut into the body (an Arrow stream keeps its last 8 bytes: the end marker)
             return [head, body[:rng.randrange(max(1, len(body) - 8))]]
-        if choice == 4:
-            return [header(self.kind.value, v=WIRE_VERSION + 1 + rng.randrange(5)), body]
+        if choice == 4:  # another version, or one equal to it of another type (True == 1.0 == 1)
+            return [header(self.kind.value, v=rng.choice([WIRE_VERSION + 1 + rng.randrange(5), True, 1.0])), body]
         if choice == 5:
             return [header("telepathy"), body]
         if choice == 6:
@@ -270,7 +272,9 @@ class Fuzzer:
 
     def still_serves(self) -> dict[str, bool]:
         """Each actor does its work on an honest message after the fuzzing (see the module)."""
-        checks = {"rollout": self.rollout_answers, "reward->replay->learner": self.episode_is_trained,
+        checks = {"rollout.manifest": self.rollout_skips_a_manifest_larger_than_its_model,
+                  "rollout.min_version": self.rollout_refuses_a_version_beyond_the_announced,
+                  "rollout": self.rollout_answers, "reward->replay->learner": self.episode_is_trained,
                   "learner.fetch": self.learner_serves_chunks, "league": self.league_assigns_and_records,
                   "env": self.env_counts_a_stray_completion}
         return {name: self.check(check) for name, check in checks.items()}
@@ -302,6 +306,27 @@ class Fuzzer:
                 with trio.fail_after(60):
                     return await Inbox(replies, answer_kind, decode).receive()
         return trio.run(ask)
+
+    def rollout_skips_a_manifest_larger_than_its_model(self) -> bool:
+        """A well-formed manifest of 1 TiB (in 16 MiB chunks): refused before anything is allocated, and counted
+        (it once made a follower raise MemoryError and end the rollout)."""
+        huge = WeightsManifest("main", 9, 2**40, MAX_CHUNK_BYTES, [0] * (2**40 // MAX_CHUNK_BYTES), "another-host",
+                               "/nowhere", SINK)
+        frames = FrameCounter("learner")
+
+        def refused() -> bool:
+            self.publisher.send_multipart([WEIGHTS_TOPIC + b"main", *frames.frame(Kind.WEIGHTS, huge.to_body())])
+            return self.cluster.statistics("rollout")["weights"].get("too_large", 0) > 0
+
+        return wait_until(refused, 30)
+
+    def rollout_refuses_a_version_beyond_the_announced(self) -> bool:
+        """One request for version 10**12 (its learner announced 9: the manifest above) is refused at once: it once
+        stopped an hf rollout for every requester."""
+        request = GenerationRequest(43, SINK, "main", [1, 2, 3], 1.0, 2, min_version=10**12).to_body()
+        answer = self.ask(self.addresses["rollout"]["requests"], Kind.GENERATE, request, Kind.COMPLETION,
+                          Completion.from_body, "reply_to")
+        return answer.request_id == 43 and "beyond the newest version announced" in answer.error
 
     def rollout_answers(self) -> bool:
         request = GenerationRequest(42, SINK, "main", [1, 2, 3], 1.0, 2).to_body()

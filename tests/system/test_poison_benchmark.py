@@ -11,10 +11,12 @@ def test_no_poison_is_kept_and_every_honest_row_is(tiny_model_dir):
     assert outcome["honest_spilled"] == outcome["honest_rows"] > 0  # every honest turn reached replay's spill
     assert outcome["trained_rows"] > 0 and outcome["league_matches_after_resume"] == 6
     rejected = outcome["rejected"]
-    # each class was refused where it was meant to be: reward knows no vocabulary, replay and the learner do
-    assert set(rejected["reward"]) == {"null", "missing_id", "duplicate_row", "ragged", "token_id", "non_finite",
-                                       "version"}
-    assert rejected["replay"] == {"token_id": 2, "version": 2}
-    assert sum(rejected["learner"].values()) == len(poison.poison_turns(10**6))  # the batch sent straight to it
+    # each class was refused where it was meant to be: reward knows no vocabulary nor context, replay and the
+    # learner do; reward bounds rewards, the learner does not (its baselines do: algos/advantages.py)
+    assert set(rejected["reward"]) == {"null", "missing_id", "duplicate_row", "no_action", "ragged", "token_id",
+                                       "non_finite", "logprob", "magnitude", "version"}
+    assert rejected["replay"] == {"token_id": 2, "too_long": 1, "version": 2}
+    straight = len(poison.poison_turns(10**6, 10**6)) - len(poison.LEARNER_UNBOUNDED)  # the batch sent to it
+    assert sum(rejected["learner"].values()) == straight and rejected["learner"]["too_long"] == 1
     assert set(rejected["league"]) == {"seatless_learner", "unknown_learner", "seats", "non_finite"}
     assert outcome["dropped_frames"]["reward"] == outcome["dropped_frames"]["replay"] == 2  # the bad bodies
