@@ -279,7 +279,7 @@ def main() -> int:
     if any(r is None for r in recoveries):
         worst = float("inf")
     count = {kind: sum(f["fault"] == kind for f in faults) for kind in ("kill", "crash", "pair", "hang")}
-    drops = rows[-1].get("unscored", 0) if rows else 0
+    drops = accounts.get("dropped", 0)  # given back to admission (the env actors' *.dropped ledgers)
     stalled = stalled_s(rows, faults, recoveries)
     print(f"trained tokens by staleness: {summary['staleness_hist']} (bound {cfg.learner.max_staleness})")
     print(f"kills={count['kill']} crashes={count['crash']} lost={accounts['lost']} duplicated={accounts['duplicated']} "

@@ -58,8 +58,12 @@ class RewardConfig:
     judge: JudgeConfig = field(default_factory=JudgeConfig)  # scorer=judge: the model and how it is asked
     tokenizer_path: Optional[str] = None  # the run's tokenizer (filled in by the topology): the judge's {prompt}
     max_abs: float = 1e3  # a row whose reward or return lies beyond this either way is refused (counted: magnitude)
+    drop_every: int = 0  # fault injection (benchmarks/chaos.py): every Nth episode left unscored ("injected"); 0: none
 
     def __post_init__(self):
+        if isinstance(self.drop_every, bool) or not isinstance(self.drop_every, int) or self.drop_every < 0:
+            raise ValueError(f"reward drop_every must be an integer >= 0 (0: no episode dropped), not "
+                             f"{self.drop_every!r}")
         if not 0 < self.max_abs < float("inf"):
             raise ValueError(f"reward max_abs must be a positive finite bound on rewards and returns, not "
                              f"{self.max_abs!r}")
@@ -93,6 +97,7 @@ class RewardActor:
         self._unscored = Rejections(f"{name}: episodes left unscored")
         self._inbox = None
         self._notices: DropNotices | None = None
+        self._scored = 0  # episodes handed to the scorer (``drop_every`` counts them)
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         concurrency = max(1, getattr(self.scorer, "concurrency", 1))
@@ -126,6 +131,9 @@ class RewardActor:
         cancelled or failed, so that a successor gets it again."""
         try:
             try:
+                self._scored += 1
+                if self.cfg.drop_every and self._scored % self.cfg.drop_every == 0:
+                    raise Unscored("injected", f"reward.args.drop_every={self.cfg.drop_every}")
                 episode = await self.scorer.score(episode)
             except Unscored as unscored:
                 self._unscored_episode(episode, unscored.reason, unscored.detail)

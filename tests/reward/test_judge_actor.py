@@ -97,3 +97,18 @@ def test_episodes_a_judge_fails_on_never_reach_replay_and_are_counted_by_reason(
                for t in tables)
     assert stats["unscored_by_reason"] == {"error": 1, "timeout": 1, "unparsable": 1} and stats["unscored"] == 3
     assert stats["episodes"] == 2
+
+
+def test_drop_every_leaves_every_nth_episode_unscored_for_chaos_runs():
+    """``reward.args.drop_every``: the fault benchmarks/chaos.py injects (a scorer that drops a share of episodes),
+    counted as unscored with its own reason; 0 drops nothing, and a bad value is refused."""
+    reward = RewardActor(RewardConfig(drop_every=3))
+    tables, stats = through_reward(reward, [episode(f"env-0-{i}", ((0, "ok"),)) for i in range(7)])
+    assert len(tables) == 5 and stats["unscored"] == 2 and stats["unscored_by_reason"] == {"injected": 2}
+    for bad in (-1, 1.5, True):
+        try:
+            RewardConfig(drop_every=bad)
+        except ValueError as error:
+            assert "drop_every must be an integer >= 0" in str(error)
+        else:
+            raise AssertionError(f"drop_every={bad!r} accepted")
