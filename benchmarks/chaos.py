@@ -15,7 +15,7 @@ an env actor, a rollout actor), in a random order at random times, each after th
 - a crash: an exception raised inside the actor's running trio loop (``ActorHost.call(CRASH)``), which ends its
   process as a bug would, and the run restarts it as after a kill.
 
-And what failed before on one node, once each: a *pair kill*, the learner (between two checkpoints) and the replay
+And what failed before on one node, once each (twice without ``--quick``): a *pair kill*, the learner (between two checkpoints) and the replay
 killed together (an OOM, a full disk), whose restarted replay must take the episodes sampled by the dead learner's
 later weights; a *hang*, one actor (reward, replay, an env or a rollout actor) stopped with SIGSTOP until the
 driver's health check finds it hung (``run.ping_timeout_s`` x ``run.ping_misses``) and restarts it, then
@@ -71,11 +71,11 @@ QUICK = ["replay.args.batch_episodes=16", "replay.args.capacity_episodes=32", "e
 QUICK_MINUTES = 3.0
 
 
-def schedule(rng: random.Random, budget_s: float) -> list[tuple[float, str, object]]:
-    """A kill and a crash of each kind, a pair kill and a hang at random times in the middle 5%-85% of the budget,
-    in a random order, and the scale events; sorted by time."""
-    faults = [(fault, kind) for kind in KINDS for fault in FAULTS] + [("pair", "learner"),
-                                                                       ("hang", rng.choice(HUNG_KINDS))]
+def schedule(rng: random.Random, budget_s: float, pairs: int = 1) -> list[tuple[float, str, object]]:
+    """A kill and a crash of each kind, ``pairs`` pair kills and as many hangs at random times in the middle 5%-85%
+    of the budget, in a random order, and the scale events; sorted by time."""
+    faults = [(fault, kind) for kind in KINDS for fault in FAULTS]
+    faults += [("pair", "learner")] * pairs + [("hang", kind) for kind in rng.sample(HUNG_KINDS, pairs)]
     faults = rng.sample(faults, len(faults))
     times = sorted(rng.uniform(0.05, 0.85) * budget_s for _ in faults)
     events = [(t, fault, kind) for t, (fault, kind) in zip(times, faults)]
@@ -248,7 +248,7 @@ def main() -> int:
                        "run.log_every_s=1", "eval.every_s=0", f"reward.args.drop_every={DROP_EVERY}", *LIVENESS,
                        *(QUICK if args.quick else []), *overrides])
     rng = random.Random(args.seed)
-    events = schedule(rng, minutes * 60)
+    events = schedule(rng, minutes * 60, pairs=1 if args.quick else 2)
     ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, logging_level=logging.WARNING)
     run = Driver(cfg)
     outcome = {}
