@@ -363,6 +363,13 @@ class ZmqTransport:
         finally:
             sock.close(linger_ms)
 
+    def close(self) -> None:
+        """Stop the CURVE authenticator's thread, if one was started (before the context is terminated: its sockets
+        would hold `zmq.Context.term` for ever)."""
+        if self._authenticator is not None:
+            self._authenticator.stop()
+            self._authenticator = None
+
     def _secure(self, socket: zmq.Socket, server: bool) -> None:
         if server and self._authenticator is None:
             from zmq.auth.thread import ThreadAuthenticator
