@@ -98,6 +98,18 @@ def test_a_directory_other_users_may_enter_is_refused(tmp_path):
         ZmqTransport(ipc_dir=open_dir)
 
 
+def test_a_local_cluster_over_zeromq_binds_in_a_private_directory_that_it_removes_at_shutdown():
+    from actors.runs.host import LocalCluster
+
+    cluster = LocalCluster(transport="zmq")
+    try:
+        assert cluster.transport.ipc_dir == str(cluster.ipc_dir)
+        assert stat.S_IMODE(os.stat(cluster.ipc_dir).st_mode) == 0o700
+    finally:
+        cluster.shutdown()
+    assert not os.path.exists(cluster.ipc_dir)
+
+
 def test_a_restarted_receiver_binds_its_unix_socket_again_and_gets_what_its_predecessor_had_not_acknowledged(
         ipc_dir):
     async def test():
