@@ -1,6 +1,6 @@
 """tidal's streams against the obvious alternatives, measured side by side in one run.
 
-    python benchmarks/stream_bench.py [--quick] [--trajectories] [--profile DIR]
+    python benchmarks/stream_bench.py [--quick] [--trajectories] [--doors] [--profile DIR]
 
 1. Trajectory batches (records of 512 tokens: ids, log-probs, versions, scalars) from producer processes to
    a consumer process three ways: tidal streams (credits, frames, Arrow decode), Ray (an actor call per
@@ -11,6 +11,11 @@
 
 The last line is `vs_ray=<x> vs_raw=<x> publish4_vs_1=<x> fuzz_frames=<n> fuzz_crashes=<n>`
 (`--trajectories`: the first two only).
+
+`--doors` measures what closing the streams to other users of the host costs: tidal's trajectories over loopback
+TCP (open to every local user), over Unix sockets in a private directory (what a run on one host binds) and over
+loopback TCP with CURVE keys (encrypted, authenticated), taking turns; its last line is
+`ipc_vs_tcp=<x> curve_vs_tcp=<x>`.
 """
 
 from __future__ import annotations
@@ -33,15 +38,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 
 from streams.endpoints import Inbox, Outbox  # noqa: E402
 from streams.channels import ZmqTransport  # noqa: E402
+from streams.private_files import SOCKET_ROOT, private_dir, remove_private_dir  # noqa: E402
+from streams.security import CurveKeys  # noqa: E402
 from streams.schema import decode_table, encode_table  # noqa: E402
 from streams.wire import Kind  # noqa: E402
 from tests.support.trajectories import TOKENS, trajectory_batch  # noqa: E402
 
 # -- 1. trajectories: three ways ----------------------------------------------------------------------
 
-def tidal_consumer(results, total: int) -> None:
+def bench_transport(way: str = "tcp", where: str | None = None) -> ZmqTransport:
+    """``tcp``: loopback TCP; ``ipc``: Unix sockets in the private directory ``where``; ``curve``: loopback TCP
+    with the CURVE keys in ``where``."""
+    if way == "ipc":
+        return ZmqTransport(ipc_dir=where)
+    if way == "curve":
+        return ZmqTransport(curve=CurveKeys.load(where))
+    return ZmqTransport()
+
+
+def tidal_consumer(results, total: int, way: str = "tcp", where: str | None = None) -> None:
+    transport = bench_transport(way, where)
+
     async def main():
-        async with ZmqTransport().open_receiver(capacity=64) as receiver:
+        async with transport.open_receiver(capacity=64) as receiver:
             results.put(receiver.address)
             inbox = Inbox(receiver, Kind.BATCH, decode_table)
             rows = (await inbox.receive()).num_rows
@@ -51,14 +70,16 @@ def tidal_consumer(results, total: int) -> None:
             results.put((rows, time.perf_counter() - started))
 
     trio.run(main)
+    transport.close()
     zmq.Context.instance().term()  # the receiver's last acknowledgements go out: its producers are draining
 
 
-def tidal_producer(address: str, index: int, batches: int, records: int) -> None:
+def tidal_producer(address: str, index: int, batches: int, records: int, way: str = "tcp",
+                   where: str | None = None) -> None:
     body = encode_table(trajectory_batch(records, index))
 
     async def main():
-        async with ZmqTransport().open_sender([address], capacity=64) as sender:
+        async with bench_transport(way, where).open_sender([address], capacity=64) as sender:
             outbox = Outbox(sender, Kind.BATCH, f"producer-{index}")
             for _ in range(batches):
                 await outbox.send(body)
@@ -103,13 +124,18 @@ def run_processes(consumer, producer, producers: int, batches: int, records: int
         _, seconds = results.get(timeout=300)
     except Exception:
         states = [(p.name, p.is_alive(), p.exitcode) for p in [receiving, *sending]]
-        raise RuntimeError(f"{consumer.__name__}: no result in 300 s; processes (name, alive, exit code): {states}")
+        raise RuntimeError(f"{_name(consumer)}: no result in 300 s; processes (name, alive, exit code): {states}")
     for process in [receiving, *sending]:
         process.join(60)
         if process.is_alive():  # a producer still draining: its last acknowledgements never came
             process.kill()
-            raise RuntimeError(f"{producer.__name__}: {process.name} had not ended 60 s after the last batch")
+            raise RuntimeError(f"{_name(producer)}: {process.name} had not ended 60 s after the last batch")
     return (total - 1) * records / seconds
+
+
+def _name(function) -> str:
+    """A function's name, or a partial's with its arguments (a way of `bench_doors`, a profiled one)."""
+    return repr(function) if isinstance(function, functools.partial) else function.__name__
 
 
 def _profiled(target, path: str, *args) -> None:
@@ -192,6 +218,31 @@ def bench_trajectories(quick: bool, records: int = 64, producers: int = 2) -> di
         spread = f", runs {min(runs[name]):.0f}-{max(runs[name]):.0f}" if name in runs else ""
         print(f"trajectories {name:>5}: {rate:10.0f} records/s  ({rate * TOKENS / 1e6:.1f} M tokens/s; {producers} "
               f"producers, batches of {records} records = {batch_kb:.0f} KiB{spread})", flush=True)
+    return rates
+
+
+def bench_doors(quick: bool, records: int = 64, producers: int = 2) -> dict:
+    """tidal's trajectories, records per second, over loopback TCP, Unix sockets in a private directory, and loopback
+    TCP with CURVE: they take turns (median of their runs), so that a change in the machine's load falls on all."""
+    batches, repeats = (200, 3) if quick else (1000, 5)
+    sockets, keys = private_dir(SOCKET_ROOT, "bench"), private_dir(SOCKET_ROOT, "bench-keys")
+    CurveKeys.create(str(keys))
+    ways = {"tcp": None, "ipc": str(sockets), "curve": str(keys)}
+    runs = {way: [] for way in ways}
+    try:
+        for repeat in range(repeats):
+            order = list(ways)[repeat % len(ways):] + list(ways)[:repeat % len(ways)]
+            for way in order:
+                runs[way].append(run_processes(functools.partial(tidal_consumer, way=way, where=ways[way]),
+                                               functools.partial(tidal_producer, way=way, where=ways[way]),
+                                               producers, batches, records))
+    finally:
+        remove_private_dir(sockets)
+        remove_private_dir(keys)
+    rates = {way: statistics.median(rates) for way, rates in runs.items()}
+    for way, rate in rates.items():
+        print(f"trajectories over {way:>5}: {rate:10.0f} records/s  ({rate * TOKENS / 1e6:.1f} M tokens/s; {producers} "
+              f"producers, runs {min(runs[way]):.0f}-{max(runs[way]):.0f})", flush=True)
     return rates
 
 
@@ -318,9 +369,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a shorter run (about a minute)")
     parser.add_argument("--profile", metavar="DIR", help="only profile the trajectory processes (cProfile, into DIR)")
     parser.add_argument("--trajectories", action="store_true", help="only the trajectories, tidal against raw and Ray")
+    parser.add_argument("--doors", action="store_true",
+                        help="only tidal's trajectories over loopback TCP, Unix sockets and CURVE, side by side")
     args = parser.parse_args()
     if args.profile:
         return profile_trajectories(args.profile)
+    if args.doors:
+        rates = bench_doors(args.quick)
+        return print(f"ipc_vs_tcp={rates['ipc'] / rates['tcp']:.2f} curve_vs_tcp={rates['curve'] / rates['tcp']:.2f}")
     if args.trajectories:
         rates = bench_trajectories(args.quick)
         return print(f"vs_ray={rates['tidal'] / rates['ray']:.2f} vs_raw={rates['tidal'] / rates['raw']:.2f}")

@@ -9,7 +9,7 @@ manifests, where the newest is what matters, and which are re-sent) may drop.
         await sender.send(parts)
         parts = await receiver.receive()
 
-`ZmqTransport` carries them over ZeroMQ TCP sockets; `MemoryTransport` over in-memory queues, for the
+`ZmqTransport` carries them over ZeroMQ sockets (TCP, or Unix sockets in a private directory on one host); `MemoryTransport` over in-memory queues, for the
 in-process mode where every actor runs on one trio loop. Both `open_*` methods are async context managers.
 
 A received message is a list of parts: `bytes`, or a read-only `memoryview` (zero-copy) for a part of at

@@ -23,6 +23,8 @@ def _fields(body, names: tuple[str, ...], what: str, types: tuple[type, ...], sh
 
 
 def _address(value: str, what: str) -> str:
-    if not value.startswith(("tcp://", "mem://")):
+    """A stream address of any transport; whether a receiver may connect to it is its transport's question
+    (`ZmqTransport.check_peer_address`)."""
+    if not value.startswith(("tcp://", "ipc://", "mem://")):
         raise FrameError(f"{what} names {value[:80]!r}, not a stream address")
     return value

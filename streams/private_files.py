@@ -27,6 +27,9 @@ from pathlib import Path
 
 PREFIX = "tidal"
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None  # shared memory: where weights go by default
+# where private directories of Unix sockets are made (a run's streams, its control endpoint): a short path, as a
+# socket's path is at most 107 bytes long
+SOCKET_ROOT = SHM_DIR or tempfile.gettempdir()
 
 
 def user_name() -> str:

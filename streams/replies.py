@@ -1,8 +1,8 @@
 """Replies to the addresses requests name (``reply_to``): checked, and never one destination stalling another.
 
 A request's ``reply_to`` is the requester's word, so before anything connects to it the transport checks it
-(`ZmqTransport.check_peer_address`: a TCP address with a numeric host and port, on loopback when the run's streams
-are on loopback; no name is ever resolved). Each destination then has a sender, a bounded queue and a task of its
+(`ZmqTransport.check_peer_address`: on one host a socket of the run's private directory; else a TCP address with a
+numeric host and port, on loopback when the run's streams are on loopback; no name is ever resolved). Each destination then has a sender, a bounded queue and a task of its
 own, so `Replies.post` never waits: a destination that takes nothing holds up only its own replies. A reply its
 destination has not taken (credit) within ``deadline_s`` of its posting is dropped, and so is a destination whose
 acknowledgements stop for ``deadline_s`` while replies are in flight: its sender is closed, everything queued and

@@ -1,7 +1,8 @@
 """Who may use a cluster's streams: its CURVE keys, and whether an address stays on this machine.
 
-Streams bound to loopback need no keys; beyond loopback, every stream is encrypted with CURVE and only clients
-holding the cluster's client key may connect (`ZmqTransport` refuses to bind there without keys).
+Streams bound to loopback need no keys (a run on one host binds Unix sockets in a private directory instead, which
+other users cannot reach: `ZmqTransport`'s ``ipc_dir``); beyond loopback, every stream is encrypted with CURVE and
+only clients holding the cluster's client key may connect (`ZmqTransport` refuses to bind there without keys).
 
 The keys' directory is private: `CurveKeys.create` writes every key file with mode 0600 in a directory of mode
 0700, and `CurveKeys.load` refuses a directory or secret key that other users may read or write (whoever reads a

@@ -20,7 +20,9 @@ yet acknowledged; the receiver drops (and counts) what it already delivered, so 
 nothing is delivered twice. The receiving end, and what it rejects, is `zmq_receiver`.
 
 Every socket is a `zmq_socket.TrioSocket` (how trio waits on ZeroMQ is told there, with the pub/sub endpoints);
-the CURVE keys and the rule that binding beyond loopback needs them are in `security`.
+the CURVE keys and the rule that binding beyond loopback needs them are in `security`. A run on one host binds
+Unix sockets in a private directory instead of TCP ports (`ZmqTransport`'s ``ipc_dir``): only this user can reach
+them.
 """
 
 from __future__ import annotations
@@ -29,10 +31,13 @@ import contextlib
 import ipaddress
 import logging
 import os
+import re
+import secrets
 
 import trio
 import zmq
 
+from streams.private_files import check_private
 from streams.security import CurveKeys, is_loopback
 from streams.stats import count_sent, new_stats
 from streams.wire import LINK_BYTES, MAX_FRAME_BYTES, DropLog, FrameError, LinkType, decode_link, encode_link
@@ -50,6 +55,7 @@ HWM_SLACK = 16
 # a sender's socket takes acknowledgements only, a publisher's subscriptions (and both handshakes): a peer sending
 # a larger part is cut off
 LINK_MAX_PART_BYTES = 4096
+IPC_NAME = re.compile(r"[0-9a-f]{16}")  # the name of a socket bound in an ``ipc_dir``: `ZmqTransport._bind` gives it
 
 
 def sender_hwm(capacity: int) -> int:
@@ -232,9 +238,14 @@ class ZmqSender:
 
 
 class ZmqTransport:
-    """Channels over ZeroMQ TCP sockets. Receivers and publishers bind `tcp://host:<random port>`.
+    """Channels over ZeroMQ sockets. Receivers and publishers bind `tcp://host:<random port>`, or, given ``ipc_dir``,
+    a Unix socket of a random name in it, `ipc://<ipc_dir>/<name>`.
 
-    `host` is loopback unless the config names another interface; binding beyond loopback requires `curve`
+    ``ipc_dir`` (a run on one host): a directory of mode 0700 (`private_files.private_dir`; another is refused), so
+    no other user can connect to the streams, nor bind a socket at an address of theirs while an actor restarts;
+    and a request's ``reply_to`` must be a socket of that directory (`check_peer_address`).
+
+    Otherwise `host` is loopback unless the config names another interface; binding beyond loopback requires `curve`
     keys, which encrypt every stream and admit only clients holding the cluster's client key.
 
     A sender's `capacity` is its window per receiver, a receiver's the window it grants each sender (the
@@ -242,11 +253,14 @@ class ZmqTransport:
     """
 
     def __init__(self, host: str = "127.0.0.1", context: zmq.Context | None = None, curve: CurveKeys | None = None,
-                 rebind: list[str] = ()):
-        if not is_loopback(host) and curve is None:
+                 rebind: list[str] = (), ipc_dir: str | os.PathLike | None = None):
+        if not is_loopback(host) and curve is None and ipc_dir is None:
             raise ValueError(f"binding streams to {host!r}, beyond loopback, requires CURVE keys "
                              "(streams.curve_dir; see README, 'Security')")
+        if ipc_dir is not None:
+            check_private(ipc_dir)  # PermissionError: a directory other users may enter or write
         self.host = host
+        self.ipc_dir = None if ipc_dir is None else str(ipc_dir)
         self.context = context or zmq.Context.instance()
         self.curve = curve
         self._authenticator = None
@@ -256,8 +270,16 @@ class ZmqTransport:
         self.bound: list[str] = []  # every address bound, in order: what a restart passes as ``rebind``
 
     def check_peer_address(self, address: str) -> None:
-        """ValueError unless ``address`` may be connected to on a peer's word (a request's ``reply_to``):
-        ``tcp://<IP address>:<port>`` (no name is resolved), and on loopback when this run's streams bind there."""
+        """ValueError unless ``address`` may be connected to on a peer's word (a request's ``reply_to``).
+
+        With an ``ipc_dir``: a socket this run's transports bound there, ``ipc://<ipc_dir>/<name>`` (no other file,
+        directory or host). Else ``tcp://<IP address>:<port>`` (no name is resolved), on loopback when this run's
+        streams bind there."""
+        if self.ipc_dir is not None:
+            directory, _, name = address.removeprefix("ipc://").rpartition("/")
+            if not address.startswith("ipc://") or directory != self.ipc_dir or not IPC_NAME.fullmatch(name):
+                raise ValueError(f"{address[:100]!r} is not a stream of this run (ipc://{self.ipc_dir}/<name>)")
+            return
         scheme, _, rest = address.partition("://")
         host, _, port = rest.rpartition(":")
         host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
@@ -341,6 +363,13 @@ class ZmqTransport:
         finally:
             sock.close(linger_ms)
 
+    def close(self) -> None:
+        """Stop the CURVE authenticator's thread, if one was started (before the context is terminated: its sockets
+        would hold `zmq.Context.term` for ever)."""
+        if self._authenticator is not None:
+            self._authenticator.stop()
+            self._authenticator = None
+
     def _secure(self, socket: zmq.Socket, server: bool) -> None:
         if server and self._authenticator is None:
             from zmq.auth.thread import ThreadAuthenticator
@@ -353,7 +382,9 @@ class ZmqTransport:
     async def _bind(self, sock: TrioSocket, address: str | None) -> str:
         if address is None and self._rebind:
             address = self._rebind.pop(0)
-        if address is None:
+        if address is None and self.ipc_dir is not None:
+            sock.socket.bind(f"ipc://{self.ipc_dir}/{secrets.token_hex(8)}")
+        elif address is None:
             sock.socket.bind(f"tcp://{self.host}:*")
         else:
             await sock.rebind(address)

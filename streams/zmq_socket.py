@@ -10,7 +10,9 @@ consume the FD's edge too (libzmq processes pending commands there), so they wak
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
+import socket as plain_socket
 
 import trio
 import zmq
@@ -99,21 +101,46 @@ class TrioSocket:
             self._wait_scope = None
 
     async def rebind(self, address: str) -> None:
-        """Bind ``address`` again for a restarted endpoint: its predecessor's socket may still be lingering on it."""
+        """Bind ``address`` again for a restarted endpoint: its predecessor's socket may still be lingering on it.
+
+        TCP refuses a port in use (EADDRINUSE). A Unix socket (``ipc://``) is different: ZeroMQ removes whatever
+        file is at the path and binds, even over a live socket, which would then lose its connections; and a socket
+        that closes removes its file, even when a successor bound there since. So the path is bound only once no
+        socket listens there and a leftover file has stayed for a poll (a closing socket removes its own)."""
         deadline = trio.current_time() + REBIND_WAIT_S
+        leftover = False
         while True:
+            state = _ipc_state(address.removeprefix("ipc://")) if address.startswith("ipc://") else "free"
             try:
-                return self.socket.bind(address)
+                if state == "free" or (state == "leftover" and leftover):
+                    return self.socket.bind(address)
             except zmq.ZMQError as error:
                 if error.errno != zmq.EADDRINUSE:
                     raise
-                if trio.current_time() >= deadline:
-                    raise OSError(f"cannot bind {address}: still in use after {REBIND_WAIT_S:.0f} s") from error
+            leftover = state == "leftover"
+            if trio.current_time() >= deadline:
+                raise OSError(f"cannot bind {address}: still in use after {REBIND_WAIT_S:.0f} s")
             await trio.sleep(0.05)
 
     def close(self, linger_ms: int) -> None:
         trio.lowlevel.notify_closing(self._fd)
         self.socket.close(linger=linger_ms)
+
+
+def _ipc_state(path: str) -> str:
+    """"listening" (a socket accepts connections at ``path``), "leftover" (a file nobody listens on: a socket
+    closing, or one of a process that died) or "free" (nothing there, or nothing a bind could not tell better)."""
+    probe = plain_socket.socket(plain_socket.AF_UNIX, plain_socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(path)
+        return "listening"
+    except OSError as error:
+        if error.errno == errno.EAGAIN:  # a listener whose queue of connections is full
+            return "listening"
+        return "leftover" if error.errno == errno.ECONNREFUSED else "free"
+    finally:
+        probe.close()
 
 
 def _send_parts(socket: zmq.Socket, parts: list) -> None:

@@ -40,7 +40,7 @@ from envs.registry import OPPONENTS
 from streams.messages import MatchAssigned, MatchRequest, MatchResult
 from streams.replies import open_replies
 from streams.values import Rejections
-from streams.wire import Kind
+from streams.wire import FRAME_LIMITS, Kind
 
 log = logging.getLogger(__name__)
 STATE_FILE = "league_state.json"
@@ -124,8 +124,9 @@ class LeagueActor:
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:
             async with (
-                transport.open_receiver(capacity=256) as requests,
-                transport.open_receiver(capacity=256) as results,
+                # parts no larger than their kind's frames: a peer sending a larger one is cut off
+                transport.open_receiver(capacity=256, max_message_bytes=FRAME_LIMITS[Kind.MATCH_REQUEST]) as requests,
+                transport.open_receiver(capacity=256, max_message_bytes=FRAME_LIMITS[Kind.MATCH_RESULT]) as results,
                 trio.open_nursery() as nursery,
             ):
                 self._inboxes = {"requests": Inbox(requests, Kind.MATCH_REQUEST, MatchRequest.from_body),

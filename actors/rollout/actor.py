@@ -60,7 +60,7 @@ from streams.messages import (VERSION_TOPIC, WEIGHTS_TOPIC, Completion, decode_r
 from streams.replies import open_replies
 from streams.values import RequestChecks
 from streams.weights import LearnerFeed, WeightsFollower
-from streams.wire import Kind
+from streams.wire import FRAME_LIMITS, Kind
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,8 @@ class RolloutActor:
         policy = self.cfg.policy_id.encode()
         try:
             async with (
-                transport.open_receiver(capacity=1024) as requests,
+                # parts no larger than a frame of requests: a peer sending a larger one is cut off
+                transport.open_receiver(capacity=1024, max_message_bytes=FRAME_LIMITS[Kind.GENERATE]) as requests,
                 transport.open_subscriber(peers.get("weights", []), topics=[VERSION_TOPIC + policy,
                                                                             WEIGHTS_TOPIC + policy]) as weights,
                 trio.open_nursery() as nursery,

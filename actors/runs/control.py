@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 import threading
 from pathlib import Path
 
 import zmq
 
 from streams.messages import ScaleAnswered, ScaleRequest, StopRequest
-from streams.private_files import SHM_DIR, private_dir, remove_private_dir, write_private
+from streams.private_files import SOCKET_ROOT, private_dir, remove_private_dir, write_private
 from streams.wire import FrameCounter, FrameError, Kind, decode_frame
 
 log = logging.getLogger(__name__)
 CONTROL_FILE = "control.json"
 POLL_MS = 200  # how often the serving thread looks whether it should stop
-SOCKET_ROOT = SHM_DIR or tempfile.gettempdir()  # where the socket's private directory is made (a short path)
 
 
 class ControlServer:

@@ -30,6 +30,7 @@ import trio
 
 from streams.channels import MemoryTransport, ZmqTransport
 from streams.disk import disk_full, where_full
+from streams.private_files import SOCKET_ROOT, private_dir, remove_private_dir
 from streams.security import CurveKeys
 
 log = logging.getLogger(__name__)
@@ -189,13 +190,13 @@ class ActorHost:
     """One actor in this process, its loop in a thread, its streams on ZeroMQ. Ray wraps this class."""
 
     def __init__(self, actor_cls, cfg, name: str, host: str = "127.0.0.1", curve_dir: str | None = None,
-                 rebind: list[str] = ()):
+                 rebind: list[str] = (), ipc_dir: str | None = None):
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
         # SIGUSR1 writes every thread's stack to the log: what the driver asks of an actor that stopped answering
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
         self.actor = actor_cls(cfg, name=name)
         self.transport = ZmqTransport(host=host, curve=CurveKeys.load(curve_dir) if curve_dir else None,
-                                      rebind=rebind)
+                                      rebind=rebind, ipc_dir=ipc_dir)
         self._loop = _LoopThread(name, on_crash=_end_process(name))
         self.name = name
 
@@ -232,10 +233,12 @@ class ActorHost:
 
 
 class LocalCluster:
-    """The in-process mode: every actor on one trio loop. ``transport="zmq"`` keeps real sockets."""
+    """The in-process mode: every actor on one trio loop. ``transport="zmq"`` keeps real sockets: Unix sockets in a
+    private directory (``ipc_dir``), removed at `shutdown`."""
 
     def __init__(self, transport: str = "memory"):
-        self.transport = MemoryTransport() if transport == "memory" else ZmqTransport()
+        self.ipc_dir = None if transport == "memory" else private_dir(SOCKET_ROOT, "streams")
+        self.transport = MemoryTransport() if transport == "memory" else ZmqTransport(ipc_dir=self.ipc_dir)
         self.actors: dict[str, object] = {}
         self._loop = _LoopThread("tidal-local")
 
@@ -280,3 +283,4 @@ class LocalCluster:
 
     def shutdown(self) -> None:
         self._loop.stop()
+        remove_private_dir(self.ipc_dir)

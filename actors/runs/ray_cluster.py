@@ -25,7 +25,7 @@ from pathlib import Path
 from actors.runs.config import RaySection, RunSection
 from actors.runs.host import STOP_TIMEOUT_S, ActorHost, LocalCluster
 from actors.runs.recovery import NO_ANSWER, Liveness
-from streams.private_files import write_private
+from streams.private_files import SOCKET_ROOT, private_dir, remove_private_dir, write_private
 from streams.security import CurveKeys, is_loopback
 
 log = logging.getLogger(__name__)
@@ -38,13 +38,14 @@ class _NodeActorHost(ActorHost):
     """An ActorHost whose streams bind on its node's address (``ray.host=node``): on a cluster each actor is
     reachable at its own machine's address. Defined here because only the launcher may know Ray."""
 
-    def __init__(self, actor_cls, cfg, name: str, host: str, curve_dir: str | None, rebind: list[str]):
+    def __init__(self, actor_cls, cfg, name: str, host: str, curve_dir: str | None, rebind: list[str],
+                 ipc_dir: str | None):
         import ray
 
         node = ray.util.get_node_ip_address()
-        if not is_loopback(node) and not curve_dir:
+        if not is_loopback(node) and not curve_dir and not ipc_dir:
             raise ValueError(f"{name} landed on node {node}, beyond loopback: ray.host=node needs ray.curve_dir")
-        super().__init__(actor_cls, cfg, name, node, curve_dir, rebind)
+        super().__init__(actor_cls, cfg, name, node, curve_dir, rebind, ipc_dir)
 
 
 PLACEMENT_TIMEOUT_S = 120  # a learner group's placement group waits this long for its resources
@@ -143,7 +144,11 @@ class RayCluster:
 
     ``resources`` maps an actor kind (learner, replay, reward, rollout, env, league) to the Ray resources each
     actor of that kind asks for (``GPU``, or a custom resource a node was started with): Ray then places it on
-    a node that has them. ``host="node"`` binds each actor's streams on its own node's address."""
+    a node that has them. ``host="node"`` binds each actor's streams on its own node's address.
+
+    A cluster of one node on loopback that this process started or joined without an address (an embedded one)
+    holds every actor on this machine: their streams are Unix sockets in a private directory of this process's
+    (``ipc_dir``, mode 0700), which no other user can reach, instead of TCP ports (`ZmqTransport`)."""
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, host: str = "127.0.0.1",
                  curve_dir: str | None = None, resources: dict | None = None, dashboard: bool = False,
@@ -172,6 +177,9 @@ class RayCluster:
                                  "set ray.curve_dir to the cluster's CURVE keys (see README, 'Security')")
         self.liveness = liveness or Liveness()  # the health check's deadline (statistics_within)
         self.places: dict[str, dict] = {}  # actor -> its pid and host (ActorHost.where)
+        nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]
+        one_host = address is None and len(nodes) == 1 and is_loopback(nodes[0])
+        self.ipc_dir = str(private_dir(SOCKET_ROOT, "streams")) if one_host else None
         self.handles: dict[str, object] = {}
         self.groups: dict[str, tuple] = {}  # actor name -> (placement group, bundle index): a learner group's
         self.specs: dict[str, tuple] = {}  # name -> (class, config, peers, bound addresses): what a restart needs
@@ -223,7 +231,7 @@ class RayCluster:
         starting = []
         for name, actor_cls, cfg, peers in actors:
             handle = self._remote_host.options(name=name, **self._placement(name)).remote(
-                actor_cls, cfg, name, self.host, self.curve_dir, rebind)
+                actor_cls, cfg, name, self.host, self.curve_dir, rebind, self.ipc_dir)
             self.handles[name] = handle
             starting.append(handle.start.remote(peers))
         addresses = self.ray.get(starting)
@@ -335,6 +343,7 @@ class RayCluster:
             self.ray.kill(handle)
         if self.owns_ray:
             self.ray.shutdown()
+        remove_private_dir(self.ipc_dir)
 
 
 def open_cluster(run: RunSection, ray: RaySection):

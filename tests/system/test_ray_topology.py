@@ -26,6 +26,8 @@ def test_real_topology_learns_from_its_own_episodes(ray_session, tiny_model_dir,
         assert all(cluster.statistics(r)["requests"] > 0 for r in top.groups["main"].rollouts), "requests are spread over rollouts"
         learner = cluster.statistics("learner")
         assert learner["episodes"] >= 3 * 8 and cluster.statistics("replay")["episodes_in"] >= learner["episodes"]
+        bound = [address for spec in cluster.specs.values() for address in spec[3]]  # one host: no TCP port
+        assert bound and all(a.startswith(f"ipc://{cluster.ipc_dir}/") for a in bound), bound
     finally:
         cluster.shutdown()
 
