@@ -33,7 +33,7 @@ from streams.endpoints import Inbox, Outbox
 from streams.messages import VersionAnnounced, WeightsChunk, WeightsFetch, WeightsManifest
 from streams.private_files import SHM_DIR, open_private, private_dir, remove_private_dir, sweep_stale, write_private
 from streams.replies import open_replies
-from streams.wire import DropLog, FrameError, Kind, decode_frame
+from streams.wire import DropLog, FRAME_LIMITS, FrameError, Kind, decode_frame
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +314,8 @@ class WeightsFollower:
         data = bytearray(manifest.size)
         with trio.move_on_after(self.fetch_timeout_s):
             async with (
-                self.transport.open_receiver(capacity=8) as chunks_in,
+                self.transport.open_receiver(capacity=8,
+                                             max_message_bytes=FRAME_LIMITS[Kind.WEIGHTS_CHUNK]) as chunks_in,
                 self.transport.open_sender([manifest.fetch_from], capacity=8) as requests,
                 trio.open_nursery() as nursery,
             ):

@@ -28,7 +28,7 @@ import trio
 from actors.league.matchmaking import Payoff, draw, pairwise_scores, pfsp_probabilities
 from streams.endpoints import Inbox, Outbox
 from streams.messages import MatchAssigned, MatchRequest, MatchResult
-from streams.wire import Kind
+from streams.wire import FRAME_LIMITS, Kind
 
 Played = tuple[list[dict], list[float]] | None  # an episode's rows and returns; None: it errored
 
@@ -109,7 +109,7 @@ async def open_league_matches(transport, league: dict, *, name: str, members: li
     """``LeagueMatches`` asking the league at ``league`` (its ``requests`` and ``results`` addresses), answered
     on a receiver of its own; a reissued request is sent from its nursery, until exit."""
     async with (
-        transport.open_receiver(capacity=4) as assigned,
+        transport.open_receiver(capacity=4, max_message_bytes=FRAME_LIMITS[Kind.MATCH]) as assigned,
         transport.open_sender([league["requests"]], capacity=4) as requests,
         transport.open_sender([league["results"]], capacity=256) as results,
         trio.open_nursery() as nursery,

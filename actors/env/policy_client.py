@@ -34,7 +34,7 @@ from actors.models.snapshots import parse_snapshot_id
 from streams.endpoints import Inbox, Outbox, open_outboxes
 from streams.messages import (Completion, GenerationRequest, Packed, decode_completions, encode_requests, packed_bytes,
                              split_requests)
-from streams.wire import MAX_NEW_TOKENS, Kind
+from streams.wire import FRAME_LIMITS, Kind, MAX_NEW_TOKENS
 
 GATHER_ROUNDS = 8  # scheduler rounds a frame of requests waits at most for more, while more keep coming
 REQUEST_DEADLINE_S = 120.0  # a request unanswered this long is sent again, once; then its episode is dropped
@@ -57,7 +57,7 @@ async def open_policy_client(transport, rollouts: dict[str, list[str]], *, name:
     """A ``PolicyClient`` sending to each member's rollout group in ``rollouts`` (``own``: this actor's own
     policy), answered on a receiver of its own; its router and reissues run in its nursery until exit."""
     async with (
-        transport.open_receiver(capacity=1024) as completions,
+        transport.open_receiver(capacity=1024, max_message_bytes=FRAME_LIMITS[Kind.COMPLETION]) as completions,
         open_outboxes(transport, rollouts, Kind.GENERATE, name, capacity=1024) as requests,
         trio.open_nursery() as nursery,
     ):

@@ -66,7 +66,7 @@ from streams.weights import WeightsPublisher, weights_to_bytes
 from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, VersionAnnounced, WeightsFetch
 from streams.schema import Columns, decode_batch
 from streams.values import within_context
-from streams.wire import Kind
+from streams.wire import FRAME_LIMITS, Kind
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ class LearnerActor:
         async with (
             transport.open_receiver(capacity=1) as batches,
             transport.open_publisher(capacity=16) as publisher,
-            transport.open_receiver(capacity=64) as fetches,
+            transport.open_receiver(capacity=64, max_message_bytes=FRAME_LIMITS[Kind.WEIGHTS_FETCH]) as fetches,
         ):
             self._inbox = Inbox(batches, Kind.BATCH, decode_batch)
             self._weights = weights = WeightsPublisher(

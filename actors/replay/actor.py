@@ -132,7 +132,8 @@ class ReplayActor:
         if self._spill is not None:
             await trio.to_thread.run_sync(self._reload)
         async with (
-            transport.open_receiver(capacity=16, ack_when_done=self._spill is not None) as episodes,
+            transport.open_receiver(capacity=16, ack_when_done=self._spill is not None,
+                                   max_message_bytes=FRAME_LIMITS[Kind.EPISODES]) as episodes,
             transport.open_sender(peers["learner"], capacity=1) as learner,
             transport.open_subscriber(peers.get("versions", []), topics=[VERSION_TOPIC]) as versions,
             transport.open_publisher(capacity=64) as dropped,

@@ -45,7 +45,7 @@ from streams.drop_notices import DropNotices, episode_identity
 from streams.endpoints import Inbox, Outbox
 from streams.schema import Columns, decode_table, encode_table
 from streams.values import Rejections, check_rows
-from streams.wire import Kind
+from streams.wire import FRAME_LIMITS, Kind
 
 # A scorer by name: a function of an episode, an object with an async score(), or a class made from the RewardConfig
 # (its ``from_config``).
@@ -102,7 +102,8 @@ class RewardActor:
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         concurrency = max(1, getattr(self.scorer, "concurrency", 1))
         async with (
-            transport.open_receiver(capacity=receiver_capacity(concurrency), ack_when_done="explicit") as episodes,
+            transport.open_receiver(capacity=receiver_capacity(concurrency), ack_when_done="explicit",
+                                   max_message_bytes=FRAME_LIMITS[Kind.EPISODES]) as episodes,
             transport.open_sender(peers["replay"], capacity=16) as replay,
             transport.open_publisher(capacity=64) as dropped,
             trio.open_nursery() as nursery,
