@@ -3,10 +3,10 @@ gradients of the whole-tensor formula, without its fp32 copies of a micro-batch'
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from algos import losses
 from algos.losses import entropy_bonus, token_logprobs
+from tests.support.memory import forward_backward_memory
 
 QWEN2_VOCAB = 151936
 
@@ -76,27 +76,6 @@ def test_the_entropy_bonus_and_rows_of_logits_without_a_batch_dimension_are_cut_
     cut_grad, = torch.autograd.grad(cut, logits)
     assert torch.equal(cut, whole) and torch.equal(cut_grad, whole_grad) and float(stats["entropy"]) == float(whole)
     assert torch.equal(token_logprobs(flat, flat_targets), whole_logprobs(flat, flat_targets))
-
-
-def allocations(fn) -> tuple[int, int]:
-    """The most bytes torch held on the CPU at once while ``fn`` ran, and those still held when it returned, both
-    counted from its start: the profiler records every allocation and free of the CPU allocator, in order."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak, live
-
-
-def forward_backward_memory(compute, logits) -> tuple[int, int]:
-    """The bytes a forward pass of ``compute`` leaves held for its backward pass, and the peak over both passes."""
-    value = []
-    forward_peak, held = allocations(lambda: value.append(compute(logits[:, :-1])))
-    backward_peak, _ = allocations(lambda: value[0].sum().backward())
-    return held, max(forward_peak, held + backward_peak)
 
 
 @pytest.mark.parametrize("what", ["logprobs", "entropy"])
