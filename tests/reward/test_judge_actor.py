@@ -86,17 +86,20 @@ def test_episodes_a_judge_fails_on_never_reach_replay_and_are_counted_by_reason(
         return [parse_reply("hmm" if "odd" in t else "[yes]") for t in texts]
 
     stub = JudgeScorer(JudgeConfig(batch_size=1, max_wait_s=0.0, timeout_s=1.0), judge, "judge:stub@0")
-    reward = RewardActor(RewardConfig(), scorer=stub)
-    words = ("ok", "boom", "odd", "fine", "slow")  # the slow one last: no call starts while it runs
-    try:
-        tables, stats = through_reward(reward, [episode(f"env-0-{w}", ((0, w),)) for w in words])
+    words = ("ok", "boom", "odd", "fine")
+    try:  # the slow one alone, after the others: no judge call starts while an abandoned one runs
+        tables, stats = through_reward(RewardActor(RewardConfig(), scorer=stub),
+                                       [episode(f"env-0-{w}", ((0, w),)) for w in words])
+        slow_tables, slow_stats = through_reward(RewardActor(RewardConfig(), scorer=stub),
+                                                 [episode("env-0-slow", ((0, "slow"),))])
     finally:
         release.set()
     assert sorted(t.column(C.EPISODE_ID)[0].as_py() for t in tables) == ["env-0-fine", "env-0-ok"]
     assert all(t.column(C.SCORED_BY).to_pylist() == ["judge:stub@0"] and t.column(C.REWARD).to_pylist() == [1.0]
                for t in tables)
-    assert stats["unscored_by_reason"] == {"error": 1, "timeout": 1, "unparsable": 1} and stats["unscored"] == 3
+    assert stats["unscored_by_reason"] == {"error": 1, "unparsable": 1} and stats["unscored"] == 2
     assert stats["episodes"] == 2
+    assert slow_tables == [] and slow_stats["unscored_by_reason"] == {"timeout": 1}
 
 
 def test_drop_every_leaves_every_nth_episode_unscored_for_chaos_runs():
