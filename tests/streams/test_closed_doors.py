@@ -14,7 +14,7 @@ import zmq
 import streams.zmq_socket
 from streams.channels import ZmqTransport
 from streams.endpoints import Inbox
-from streams.messages import MatchRequest, VersionAnnounced
+from streams.messages import MatchRequest
 from streams.private_files import SOCKET_ROOT, private_dir, remove_private_dir
 from streams.replies import open_replies
 from streams.wire import FRAME_LIMITS, FrameCounter, Kind, LinkType, encode_link
@@ -202,6 +202,27 @@ def test_replies_go_only_to_sockets_of_the_run_directory(ipc_dir):
         remove_private_dir(other_run)
 
 
+async def cut_off(address: str, kind: Kind, timeout: float):
+    """A raw DEALER that sends ``address`` a part twice as large as a frame of ``kind`` may be, once ZeroMQ has cut
+    it off (its monitor saw the disconnection); the socket and its monitor."""
+    peer = zmq.Context.instance().socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    monitor = peer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    peer.connect(address)
+    head, _ = FrameCounter("env-0").frame(kind, b"")
+    peer.send_multipart([encode_link(LinkType.DATA, 0), head, b"x" * (2 * FRAME_LIMITS[kind])])
+    with trio.fail_after(timeout):
+        while not monitor.poll(0):
+            await trio.sleep(0.01)  # a poll of the monitor socket: progress, not timing
+    return peer, monitor
+
+
+def closed(peer, monitor) -> None:
+    peer.disable_monitor()
+    monitor.close(0)
+    peer.close()
+
+
 def test_the_league_cuts_off_a_peer_that_sends_a_part_larger_than_a_match_request(ipc_dir):
     """Old finding 7: every receiver took parts of up to 256 MiB whatever its kind, each held before it was refused.
     The league's receivers take parts no larger than their kinds' frames: ZeroMQ cuts off a peer that sends one."""
@@ -212,24 +233,14 @@ def test_the_league_cuts_off_a_peer_that_sends_a_part_larger_than_a_match_reques
         league = LeagueActor(LeagueConfig(members=[{"id": "main", "role": "main"}], state_dir=ipc_dir))
         async with transport.open_receiver() as matches, trio.open_nursery() as nursery:
             addresses = await nursery.start(league.run, transport, {})
-            peer = zmq.Context.instance().socket(zmq.DEALER)
-            peer.setsockopt(zmq.LINGER, 0)
-            monitor = peer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            peer.connect(addresses["requests"])
-            head, _ = FrameCounter("env-0").frame(Kind.MATCH_REQUEST, b"")
-            peer.send_multipart([encode_link(LinkType.DATA, 0), head, b"x" * (2 * FRAME_LIMITS[Kind.MATCH_REQUEST])])
-            with trio.fail_after(10):
-                while not monitor.poll(0):
-                    await trio.sleep(0.01)
+            peer, monitor = await cut_off(addresses["requests"], Kind.MATCH_REQUEST, timeout=10)
             honest = FrameCounter("env-1").frame(Kind.MATCH_REQUEST, MatchRequest(5, matches.address, ["main"]).to_body())
             peer.send_multipart([encode_link(LinkType.DATA, 1), *honest])  # it reconnects: an honest one is answered
             with trio.fail_after(10):
                 assert (await Inbox(matches, Kind.MATCH, lambda body: body).receive()) is not None
             requests = league.statistics()["streams"]["requests"]
             assert requests["received"] == 1 and requests["rejected"] == {}  # the large part never came in
-            peer.disable_monitor()
-            monitor.close(0)
-            peer.close()
+            closed(peer, monitor)
             nursery.cancel_scope.cancel()
 
     trio.run(test)
@@ -244,18 +255,7 @@ def test_the_rollout_cuts_off_a_requester_that_sends_a_part_larger_than_a_frame_
         rollout = RolloutActor(RolloutConfig(model_path=str(tiny_model_dir)))
         async with trio.open_nursery() as nursery:
             addresses = await nursery.start(rollout.run, transport, {})
-            requester = zmq.Context.instance().socket(zmq.DEALER)
-            requester.setsockopt(zmq.LINGER, 0)
-            monitor = requester.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            requester.connect(addresses["requests"])
-            head, _ = FrameCounter("env-0").frame(Kind.GENERATE, b"")
-            requester.send_multipart([encode_link(LinkType.DATA, 0), head, b"x" * (2 * FRAME_LIMITS[Kind.GENERATE])])
-            with trio.fail_after(20):
-                while not monitor.poll(0):
-                    await trio.sleep(0.01)
-            requester.disable_monitor()
-            monitor.close(0)
-            requester.close()
+            closed(*await cut_off(addresses["requests"], Kind.GENERATE, timeout=20))
             requests = rollout.statistics()["streams"]["requests"]
             assert requests["received"] == 0 and requests["rejected"] == {}  # the large part never came in
             nursery.cancel_scope.cancel()
