@@ -275,7 +275,7 @@ class WeightsFollower:
         self.transport, self.fetch_timeout_s, self.max_bytes = transport, fetch_timeout_s, max_bytes
         self.host = host_id() if shared_memory else None  # None: never the publisher's host, always chunks
         self.stats = {"versions_received": 0, "from_shared_memory": 0, "from_chunks": 0, "corrupt": 0,
-                      "fetch_failed": 0, "too_large": 0, "bytes_received": 0}
+                      "fetch_failed": 0, "too_large": 0, "bad_address": 0, "bytes_received": 0}
 
     async def fetch(self, manifest: WeightsManifest) -> mmap.mmap | bytearray | None:
         """The version's bytes (a private mapping of the shared file, or the assembled chunks), every chunk
@@ -311,6 +311,12 @@ class WeightsFollower:
         return data
 
     async def _fetch_chunks(self, manifest: WeightsManifest) -> bytearray | None:
+        try:  # a manifest names where its chunks are served: connected to only where a reply may go
+            self.transport.check_peer_address(manifest.fetch_from)
+        except ValueError as error:
+            self.stats["bad_address"] += 1
+            log.warning("weights version %d refused: %s", manifest.version, error)
+            return None
         data = bytearray(manifest.size)
         with trio.move_on_after(self.fetch_timeout_s):
             async with (

@@ -45,6 +45,9 @@ class FailingTransport:
     def __init__(self, error: BaseException):
         self.error = error
 
+    def check_peer_address(self, address):
+        pass  # any address: what fails is the stream
+
     def open_receiver(self, *args, **kwargs):
         raise self.error
 
@@ -60,3 +63,15 @@ def test_a_follower_refuses_a_manifest_larger_than_its_model_and_survives_any_fa
             assert follower.stats["fetch_failed"] == 1
 
     trio.run(test)
+
+
+def test_a_manifest_naming_a_chunk_server_that_is_no_stream_of_the_run_is_refused(tmp_path):
+    """A manifest names where its chunks are served; the follower connects there only where a reply may go
+    (`ZmqTransport.check_peer_address`): on one host, a socket of the run's own directory, never a local port."""
+    from streams.channels import ZmqTransport
+
+    run_dir = tmp_path / "streams"
+    run_dir.mkdir(mode=0o700)
+    follower = WeightsFollower(ZmqTransport(ipc_dir=str(run_dir)))
+    assert trio.run(follower.fetch, manifest(1000, 100)) is None  # its chunks at tcp://127.0.0.1:9
+    assert follower.stats["bad_address"] == 1 and follower.stats["from_chunks"] == 0
