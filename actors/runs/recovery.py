@@ -108,20 +108,28 @@ def statistics_or_recover(cluster, names, recover) -> dict[str, Any]:
     logged and it is handed to ``recover`` as a dead one is (a ``HungActor``)."""
     liveness: Liveness | None = getattr(cluster, "liveness", None)
     answers = cluster.statistics_within(names) if liveness is not None else {}
-    stats = {}
+    stats, restarted = {}, False
     for name in names:
         try:
-            answer = answers[name] if liveness is not None else cluster.statistics(name)
+            if liveness is None:
+                answer = cluster.statistics(name)
+            elif restarted:  # a restart may have started this one again too (a learner group restarts whole)
+                answer = cluster.statistics_within([name])[name]
+            else:
+                answer = answers[name]
             if isinstance(answer, Exception):
                 raise answer
             if isinstance(answer, str) and answer == NO_ANSWER:
+                missed = liveness.missed.get(name, 0)
                 stats[name] = _silent(cluster, liveness, name, recover)
+                restarted = restarted or missed + 1 >= liveness.misses
                 continue
             stats[name] = answer
         except Exception as error:
             if not cluster.is_dead(error):
                 raise
             stats[name] = recover(name, error)
+            restarted = True
         if liveness is not None:
             liveness.answered(name, stats[name])
     return stats
