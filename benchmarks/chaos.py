@@ -1,7 +1,7 @@
 """Chaos: kill one actor of every kind and crash one of every kind at random times during a real run; scale rollouts
 1 -> 4 -> 2, envs 2 -> 3 -> 2.
 
-    python benchmarks/chaos.py [--quick] [--seed 0] [--minutes 6] [--out runs/chaos] [overrides...]
+    python benchmarks/chaos.py [--quick] [--seed 0] [--minutes 10] [--out runs/chaos] [overrides...]
 
 The default job (self-play TicTacToe) on an embedded Ray cluster, with the env actors' ledgers on: each writes
 the id of every training episode the reward actor acknowledged. Two faults hit each kind (reward, replay, learner,
@@ -173,7 +173,12 @@ def strike(name: str, fault: str, run: Driver) -> None:
 def drive(run: Driver, events, rng: random.Random, runner: threading.Thread) -> list[dict]:
     """Carry out ``events`` against the running ``run``; returns the faults (actor, kind of fault, time)."""
     wait_for(lambda: run.started is not None or not runner.is_alive(), "training to start")
-    faults, restarts = [], 0
+    faults, restarts, scales = [], 0, 0
+    budget_s = run.cfg.run.minutes * 60
+
+    def training() -> bool:  # a scale is applied while the run trains only (faults are restarted after it too)
+        return time.time() - run.started < budget_s
+
     for at, what, arg in events:
         while time.time() < run.started + at and runner.is_alive():
             time.sleep(0.05)
@@ -181,11 +186,14 @@ def drive(run: Driver, events, rng: random.Random, runner: threading.Thread) -> 
             break
         # one thing at a time: the last restart and the last scale are done
         wait_for(lambda: run.metrics.restarts >= restarts, "the last restart")
-        asked = sum(1 for e in events[:events.index((at, what, arg))] if e[1] == "scale")
-        wait_for(lambda: len(run.scaler.events) == asked and all("applied" in e for e in run.scaler.events),
-                 "the last scale")
+        wait_for(lambda: (len(run.scaler.events) == scales and all("applied" in e for e in run.scaler.events))
+                 or not training(), "the last scale")
         if what == "scale":
+            if not training():
+                print(f"the scale to {arg[1]} {arg[0]} actors comes after training: not asked for", flush=True)
+                continue
             run.scale(*arg)
+            scales += 1
             continue
         name = victim(run, arg, rng)
         fault = {"actor": name, "fault": what, "kind": arg}
@@ -238,7 +246,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--minutes", type=float, default=6.0)
+    parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--out", default="runs/chaos")
     args, overrides = parser.parse_known_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
