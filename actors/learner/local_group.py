@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from actors.learner.group import Shard, join_group, open_rendezvous
-from actors.learner.trainer import Trainer
+from actors.learner.trainer import Trainer, local
 
 
 def local_bytes(tensors) -> int:
@@ -25,7 +25,7 @@ def local_bytes(tensors) -> int:
     for t in tensors:
         if t is None:
             continue
-        t = t.to_local() if hasattr(t, "to_local") else t
+        t = local(t)
         total += t.numel() * t.element_size()
     return total
 

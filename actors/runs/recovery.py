@@ -120,13 +120,11 @@ def statistics_or_recover(cluster, names, recover) -> dict[str, Any]:
             if isinstance(answer, Exception):
                 raise answer
             if isinstance(answer, str) and answer == NO_ANSWER:
-                missed = liveness.missed.get(name, 0)
-                stats[name] = _silent(cluster, liveness, name, recover)
-                restarted = restarted or missed + 1 >= liveness.misses
+                stats[name] = _stand_in(cluster, liveness, name)  # or HungActor, restarted as a dead one is
                 continue
             stats[name] = answer
         except Exception as error:
-            if not cluster.is_dead(error):
+            if not (isinstance(error, HungActor) or cluster.is_dead(error)):
                 raise
             stats[name] = recover(name, error)
             restarted = True
@@ -135,9 +133,9 @@ def statistics_or_recover(cluster, names, recover) -> dict[str, Any]:
     return stats
 
 
-def _silent(cluster, liveness: Liveness, name: str, recover):
-    """What stands in for the statistics of ``name``, which did not answer this check: its last ones, or, once it
-    has been silent ``liveness.misses`` checks in a row, a restart's."""
+def _stand_in(cluster, liveness: Liveness, name: str):
+    """What stands in for the statistics of ``name``, which did not answer this check: its last ones; once it has
+    been silent ``liveness.misses`` checks in a row, its stacks are asked for and ``HungActor`` is raised."""
     missed = liveness.missed[name] = liveness.missed.get(name, 0) + 1
     if missed < liveness.misses:
         log.warning("%s did not answer the health check within %g s (%d in a row; run.ping_misses=%d restarts it)",
@@ -146,11 +144,11 @@ def _silent(cluster, liveness: Liveness, name: str, recover):
             return liveness.last[name]
         return cluster.statistics(name)  # it never answered one yet: only its start (just now) says it runs
     cluster.log_stacks(name)
+    liveness.missed.pop(name)
     error = HungActor(f"{name} answered none of its last {missed} health checks within {liveness.timeout_s:g} s "
                       f"each (run.ping_timeout_s, run.ping_misses): hung, so it is restarted as if dead")
     log.error("%s", error)
-    liveness.missed.pop(name)
-    return recover(name, error)
+    raise error
 
 
 class GroupRecovery:
