@@ -1,0 +1,83 @@
+"""``tidal replay <run>``: a run's learner re-run from its records (``actors/learner/rerun.py``), a counterfactual
+beside it, or its rewards audited (``actors/reward/rescore.py``). One process, no Ray; everything it writes goes
+to ``<run>/replays/<stamp>/``. docs/replay.md says what it checks and what it cannot."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from actors.learner.rerun import REPLAYS_DIR, Recorded, ReplayRefused, Rerun, checkpoints_at, load_batch, open_recorded
+from actors.reward.actor import RewardConfig
+from actors.reward.rescore import rescore
+from actors.runs.config import RunConfig, built_args
+from actors.runs.driver import base_model_path
+from actors.runs.topology import learner_config, plan_groups
+
+
+def replay_out(run_dir: Path) -> Path:
+    """A fresh directory for one replay's outputs."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out, n = run_dir / REPLAYS_DIR / stamp, 1
+    while out.exists():
+        n += 1
+        out = run_dir / REPLAYS_DIR / f"{stamp}-{n}"
+    out.mkdir(parents=True)
+    return out
+
+
+def learner_of(cfg: RunConfig, run_dir: Path, member: str):
+    """The learner config the run gave ``member``'s learner (as its topology builds it), and its policy dir."""
+    groups = plan_groups(cfg, str(base_model_path(cfg)), run_dir)
+    if member not in groups:
+        raise ReplayRefused(f"member {member!r} is not in the run's config (it has {', '.join(groups)})")
+    return learner_config(cfg, groups[member], life=""), groups[member].policy_dir
+
+
+def replay(run_dir: str | Path, cfg: RunConfig, counter: RunConfig | None = None, member: str | None = None,
+           from_version: int | None = None, to_version: int | None = None, force: bool = False,
+           label: str = "") -> dict:
+    """Re-run the learner of ``run_dir`` (config ``cfg``, the run's own) and check every version's digest; with
+    ``counter``, a counterfactual learner beside it. The result (also ``result.json`` in the replay's directory)."""
+    recorded = open_recorded(run_dir, member)
+    learner, policy_dir = learner_of(cfg, recorded.run_dir, recorded.member)
+    if learner.ranks != 1:
+        raise ReplayRefused(f"the run trained with learner.ranks={learner.ranks}: a replay runs one rank, whose "
+                            "reductions add up in another order, so it cannot be bitwise (docs/replay.md)")
+    checkpoint = None
+    if from_version is not None:
+        found = checkpoints_at(recorded.run_dir, policy_dir)
+        if from_version not in found:
+            raise ReplayRefused(f"no checkpoint at version {from_version}; there are checkpoints at "
+                                f"{sorted(found) or 'no version'} (a replay with --to-version N leaves one at N)")
+        checkpoint = found[from_version]
+    counter_learner = learner_of(counter, recorded.run_dir, recorded.member)[0] if counter is not None else None
+    out = replay_out(recorded.run_dir)
+    rerun = Rerun(recorded, learner, out, counter_learner, checkpoint, to_version, force)
+    result = {"run": str(recorded.run_dir), "member": recorded.member, "out": str(out), **rerun.run()}
+    if counter is not None:
+        last = rerun.rows[-1] if rerun.rows else {}
+        result.update(counterfactual=label, counterfactual_kl=last.get("kl_recorded_to_counterfactual"),
+                      report=str(out / "report.md"))
+    rerun.write_report(result)
+    return result
+
+
+def trained_batches(recorded: Recorded):
+    """Each update's ledger entry with the batch it trained, in order."""
+    for entry in recorded.entries:
+        if entry["kind"] == "update":
+            yield entry, load_batch(recorded, entry["batch"])
+
+
+def rescore_run(run_dir: str | Path, cfg: RunConfig, member: str | None = None) -> dict:
+    """Score every trained episode of ``run_dir`` again with ``cfg``'s reward config (the run's, or one given on
+    the command line); the counts (also ``rescore.json``)."""
+    recorded = open_recorded(run_dir, member)
+    out = replay_out(recorded.run_dir)
+    reward = RewardConfig(tokenizer_path=str(base_model_path(cfg)), **built_args(cfg.reward.args))
+    counts = {"run": str(recorded.run_dir), "member": recorded.member, "out": str(out),
+              **rescore(trained_batches(recorded), reward, out)}
+    (out / "rescore.json").write_text(json.dumps(counts, indent=2))
+    return counts
