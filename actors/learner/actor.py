@@ -204,7 +204,8 @@ class LearnerActor:
                     self._snapshot_roots, roots = trio.open_memory_channel(16)
                     nursery.start_soon(self._write_snapshots, roots, model_lock, versions_out)
                     self.ledger = self._open_ledger(checkpoint)
-                    await self._publish(versions_out, self._start_entry(checkpoint))
+                    await self._publish(versions_out, await trio.to_thread.run_sync(
+                        self._record, self._start_entry(checkpoint)))
                     while True:
                         table, seq = await self._inbox.receive()
                         if not self._in_order(seq):
@@ -212,10 +213,10 @@ class LearnerActor:
                         self._first_batch_at = self._first_batch_at or time.perf_counter()
                         self.cursor = seq if seq is not None else self.cursor
                         async with model_lock:  # a reset's version and ledger entry never come in between
-                            stats, entry = await trio.to_thread.run_sync(self._consume, table, seq)
+                            stats, state = await trio.to_thread.run_sync(self._consume, table, seq)
                             if stats is None:
                                 continue
-                            await self._publish(versions_out, entry)
+                            await self._publish(versions_out, state)
                             self.history.append(stats)
                             every = self.cfg.checkpoint_every
                             if self.cfg.save_dir and every and self.version % every == 0:
@@ -234,21 +235,27 @@ class LearnerActor:
         the policy then starts again from the base model."""
         self._snapshot_roots.send_nowait((root, reset))
 
-    async def _publish(self, versions_out: Outbox, entry: dict | None = None) -> None:
-        """The weights of ``self.version`` to the rollout actors, and the version and life to whoever follows;
-        ``entry`` (what made them) to the ledger first, with their digest."""
-        weights = await trio.to_thread.run_sync(self._published_bytes, entry)
+    async def _publish(self, versions_out: Outbox, state: dict | None = None) -> None:
+        """The weights of ``self.version`` to the rollout actors (``state``: already on the CPU, from ``_record``),
+        and the version and life to whoever follows."""
+        weights = await trio.to_thread.run_sync(lambda: weights_to_bytes(state or self._cpu_state()))
         self.bound.published(self.version)
         await versions_out.send(self._announcement())  # first: followers stop sampling a dead life's weights
         await self._weights.publish(self.version, weights)
 
-    def _published_bytes(self, entry: dict | None) -> bytes:
-        """The weights as the publisher sends them; on the way, their digest and ``entry`` to the ledger."""
-        state = {name: p.detach().cpu().contiguous() for name, p in self.trainer.full_state().items()}
-        if entry is not None and self.ledger is not None:
-            digest = weights_digest(state)
-            self.ledger.append({**entry, "digest": digest, "weights": combined(digest)})
-        return weights_to_bytes(state)
+    def _cpu_state(self) -> dict:
+        return {name: p.detach().cpu().contiguous() for name, p in self.trainer.full_state().items()}
+
+    def _record(self, entry: dict) -> dict | None:
+        """``entry`` (what made the weights of ``self.version``) to the ledger, with their digest, in the same
+        thread call as the change it records (no cancellation comes between them); the weights on the CPU, for
+        ``_publish`` (None: no ledger, and nothing copied yet)."""
+        if self.ledger is None:
+            return None
+        state = self._cpu_state()
+        digest = weights_digest(state)
+        self.ledger.append({**entry, "digest": digest, "weights": combined(digest)})
+        return state
 
     def _open_ledger(self, checkpoint: Path | None) -> Ledger | None:
         """The ledger beside the dataset, cut back to the checkpoint this learner starts from (no dataset: none)."""
@@ -278,19 +285,19 @@ class LearnerActor:
                 if all(s["id"] != name for s in self.snapshots):
                     self.snapshots.append({"id": name, "version": self.version, "path": str(path)})
                 if reset:
-                    await trio.to_thread.run_sync(self._reset)
-                    await self._publish(versions_out, {"kind": "reset", "version": self.version})
+                    await self._publish(versions_out, await trio.to_thread.run_sync(self._reset))
                     if self.cfg.save_dir:  # a restart goes on from the reset policy, not from before it
                         await trio.to_thread.run_sync(self._save)
 
-    def _reset(self) -> None:
+    def _reset(self) -> dict | None:
         """Back to the base model (weights, optimizer, baselines) as the next version: AlphaStar's exploiter reset.
         Episodes sampled before it are older versions: the staleness bound and the off-policy correction see
-        them so."""
+        them so. Recorded in the ledger (its weights on the CPU returned, as ``_record``'s)."""
         self.trainer.reset()
         self.version += 1
         self.resets.append(self.version)
         log.info("%s reset to the base model %s at version %d", self.name, self.cfg.model_path, self.version)
+        return self._record({"kind": "reset", "version": self.version})
 
     async def _announce(self, versions_out: Outbox, weights: WeightsPublisher) -> None:
         while True:
@@ -355,8 +362,8 @@ class LearnerActor:
 
     def _consume(self, table, seq: int | None) -> tuple[dict | None, dict | None]:
         """Batch ``seq``, next in order: its turns past the staleness bound dropped, the update on the rest, the
-        batch to the dataset; the update's statistics and its ledger entry (which ``_publish`` completes with the
-        weights' digest). A batch with nothing left is only recorded in the ledger: ``(None, None)``."""
+        batch to the dataset, the update to the ledger; its statistics and the new weights on the CPU (as
+        ``_record``'s). A batch with nothing left is only recorded in the ledger: ``(None, None)``."""
         trained_at = self.version
         table = self._within_bound(table)
         batch = {"life": self.cfg.data_life, "member": self.cfg.policy_id,
@@ -370,7 +377,7 @@ class LearnerActor:
         stats = self._update(table)
         if self.dataset is not None:  # written by the dataset's thread
             self.dataset.add(table, batch["seq"], trained_at)
-        return stats, update_entry(stats, batch, table.num_rows, dropped)
+        return stats, self._record(update_entry(stats, batch, table.num_rows, dropped))
 
     def _wall_s(self) -> float:
         """Seconds from the first batch, across resumes."""

@@ -49,7 +49,7 @@ def start(cfg: LearnerConfig) -> LearnerActor:
     learner._load(checkpoint)
     learner.dataset = EpisodeDataset.opened(cfg, learner._checkpoint_cursor)
     learner.ledger = learner._open_ledger(checkpoint)
-    learner._published_bytes(learner._start_entry(checkpoint))
+    learner._record(learner._start_entry(checkpoint))
     return learner
 
 
@@ -58,9 +58,7 @@ def feed(learner: LearnerActor, batches: list[tuple[int, bool, int]]) -> None:
     for invalid, stale in batches:
         seq = learner.cursor + 1
         learner.cursor = seq
-        stats, entry = learner._consume(batch(learner.version, seq, invalid, stale), seq)
-        if stats is not None:
-            learner._published_bytes(entry)
+        learner._consume(batch(learner.version, seq, invalid, stale), seq)
     learner.dataset.flush()
 
 
@@ -210,3 +208,15 @@ def copy_run(source: Path, target: Path) -> None:
     import shutil
 
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("replays"))
+
+
+def test_a_league_exploiters_reset_replays_bitwise(tiny_model_dir, tmp_path):
+    run = tmp_path / "reset"
+    learner = start(config(tiny_model_dir, run))
+    feed(learner, [HEALTHY, HEALTHY])
+    learner._reset()  # back to the base model as version 3 (AlphaStar's exploiter)
+    feed(learner, [HEALTHY, HEALTHY])
+    learner.dataset.close()
+    assert [e["kind"] for e in recorded(run).entries] == ["start", "update", "update", "reset", "update", "update"]
+    result = rerun(run, tiny_model_dir, "reset").run()
+    assert result["digests_equal"] == 1.0 and result["versions"] == 5, result

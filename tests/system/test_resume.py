@@ -78,6 +78,14 @@ def test_a_killed_run_resumes_at_its_checkpointed_version(tiny_model_dir, tmp_pa
     files = f"{run}/episodes/*/*/*.parquet"
     last_batch = duckdb.sql(f"select max(batch_seq) from read_parquet('{files}') where life = '{taken['life']}'")
     assert last_batch.fetchall()[0][0] <= taken["after"]  # nothing past the checkpoint the resume went on from
+    # `tidal replay`: the learner of both lives re-run from its records, every version bit for bit
+    started_replay_ns = time.time_ns()
+    replayed = subprocess.run([sys.executable, "-m", "actors.cli", "replay", str(run), f"model.path={tiny_model_dir}"],
+                              capture_output=True, text=True, timeout=300)
+    assert replayed.returncode == 0, replayed.stderr[-3000:]
+    assert f"versions 0..{checkpointed_version(run)} replayed, digests_equal=1.000" in replayed.stdout, replayed.stdout
+    written = {p.relative_to(run).parts[0] for p in run.rglob("*") if p.stat().st_mtime_ns > started_replay_ns}
+    assert written <= {"replays"}, written  # a replay writes nothing into the run it reads
 
 
 def test_resume_names_what_is_missing(tmp_path):

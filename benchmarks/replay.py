@@ -1,0 +1,115 @@
+"""Replay a run exactly: the default job, killed and resumed in the middle with a forced guard rollback, re-run
+from its records; then again with naive PPO beside it; then its rewards audited.
+
+    python benchmarks/replay.py [--quick] [--out DIR] [hydra overrides...]
+
+The run: the default job (mirror self-play TicTacToe) for 3 minutes of training (``--quick``: 1), checkpointing
+every 5 versions, with the collapse guard forced to trip at version 15 (``learner.args.guard.trip_at``: it rolls
+back to its anchor). Its first life runs in one process (``run.mode=local``) and is killed with SIGKILL halfway;
+``tidal launch resume=`` finishes it on an embedded Ray. Then, in this process:
+
+1. ``tidal replay``'s faithful re-run: every version's weights digest against the ledger's;
+2. the same with ``learner.args.objective.loss=naive_ppo`` beside it (the counterfactual's KL at the last version);
+3. ``--rescore`` with the run's scorer.
+
+Last line: ``versions=<n> digests_equal=<share> replay_s=<s> run_learner_s=<s> replay_vs_learner=<ratio>
+counterfactual_kl=<KL> rescored_differ=<n>``, with the rollback, the restart and the kill on the line before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from actors.cli import saved_config  # noqa: E402
+from actors.learner.ledger import ledger_path, read_ledger  # noqa: E402
+from actors.runs import replaying  # noqa: E402
+
+TRIP_AT = 15
+
+
+def checkpointed_version(run: Path) -> int:
+    import torch
+
+    from actors.models.checkpoint_dir import TRAINER_STATE, find_checkpoint
+
+    checkpoint = find_checkpoint(run / "policy")
+    try:
+        return torch.load(checkpoint / TRAINER_STATE, weights_only=True)["version"] if checkpoint else 0
+    except (OSError, RuntimeError, EOFError):  # being swapped in right now
+        return 0
+
+
+def record(out: Path, minutes: float, overrides: list[str]) -> Path:
+    """The run, killed halfway (after a checkpoint past the forced trip) and resumed to its budget."""
+    run = out / "replayed"
+    common = [f"learner.args.guard.trip_at=[{TRIP_AT}]", "learner.checkpoint_every=5", "run.progress=false"]
+    first = subprocess.Popen([sys.executable, "-m", "actors.cli", "launch", f"run.dir={out}", "run.name=replayed",
+                              "run.mode=local", "run.local_transport=zmq", f"run.minutes={minutes}", *common,
+                              *overrides], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60 * (minutes + 10)
+    while checkpointed_version(run) < TRIP_AT + 5 or not (run / "metrics.jsonl").exists() or (
+            elapsed(run) < 30 * minutes):
+        if first.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the run's first life ended or stalled before its kill: {first.stderr.read()[-3000:]}")
+        time.sleep(0.5)
+    os.kill(first.pid, signal.SIGKILL)
+    first.communicate(timeout=60)
+    resumed = subprocess.run([sys.executable, "-m", "actors.cli", "launch", f"resume={run}", *common,
+                              *[o for o in overrides if o.startswith("model.path=")]],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60 * (minutes + 15))
+    if resumed.returncode != 0:
+        raise RuntimeError(f"the resumed run failed: {resumed.stderr[-3000:]}")
+    return run
+
+
+def elapsed(run: Path) -> float:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    try:
+        return json.loads(lines[-1])["elapsed_s"] if lines else 0.0
+    except (ValueError, KeyError):
+        return 0.0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 minute of training instead of 3 (CI)")
+    parser.add_argument("--out", help="where the run goes (default: a fresh temporary directory)")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    out = Path(args.out or tempfile.mkdtemp(prefix="tidal-replay-"))
+    run = record(out, 1.0 if args.quick else 3.0, args.overrides)
+    given = [o for o in args.overrides if o.startswith("model.path=")]
+    entries = read_ledger(ledger_path(run / "episodes", "main"))
+    starts = [(e["version"], e["from"]) for e in entries if e["kind"] == "start"]
+    rollbacks = [e["version"] for e in entries if e["kind"] == "update" and e["guard"]["rollback"]]
+    faithful = replaying.replay(run, saved_config(str(run), given, "replay"))
+    counter = replaying.replay(run, saved_config(str(run), given, "replay"),
+                               saved_config(str(run), given + ["learner.args.objective.loss=naive_ppo"], "replay"),
+                               label="learner.args.objective.loss=naive_ppo")
+    audit = replaying.rescore_run(run, saved_config(str(run), given, "replay"))
+    print(f"run={run} starts={starts} rollbacks={rollbacks} divergence={faithful['divergence']} "
+          f"counterfactual_report={counter['report']} rescored_episodes={audit['episodes']} "
+          f"partial={audit['partial']} inconsistent={audit['inconsistent']}")
+    ratio = faithful["replay_s"] / faithful["run_learner_s"] if faithful["run_learner_s"] else float("nan")
+    print(f"versions={faithful['versions']} digests_equal={faithful['digests_equal']:.3f} "
+          f"replay_s={faithful['replay_s']:.1f} run_learner_s={faithful['run_learner_s']:.1f} "
+          f"replay_vs_learner={ratio:.2f} counterfactual_kl={counter['counterfactual_kl']:.4g} "
+          f"rescored_differ={audit['rescored_differ']}")
+    return 0 if faithful["digests_equal"] == 1.0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
