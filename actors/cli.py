@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     rerun.add_argument("--member", help="the league member to replay (a single-policy run has one)")
     rerun.add_argument("--from-version", type=int, help="start from the checkpoint at this version")
     rerun.add_argument("--to-version", type=int, help="stop at this version and save its weights (a checkpoint)")
+    rerun.add_argument("--ranks", type=int, help="learner ranks (default: the run's; another count is only close)")
     rerun.add_argument("--rescore", action="store_true", help="score every trained episode again; count differences")
     rerun.add_argument("--force", action="store_true", help="replay a run recorded by other code")
     league = commands.add_parser("league", help="self-play leagues: run one, or print a run's league table")
@@ -288,7 +289,7 @@ def replay_command(args) -> int:
         recorded = saved_config(args.run, outside, "replay")
         counter = saved_config(args.run, outside + learner, "replay") if learner else None
         result = replaying.replay(args.run, recorded, counter, args.member, args.from_version, args.to_version,
-                                  args.force, " ".join(learner))
+                                  args.force, " ".join(learner), args.ranks)
     except (ReplayRefused, ValueError, FileNotFoundError) as error:
         print(f"tidal replay: {error}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,7 +29,7 @@ import torch
 
 from actors.learner.batch import collate
 from actors.learner.dataset import DATASET_DIR, batch_file
-from actors.learner.group import Shard
+from actors.learner.group import Shard, join_group, leave_group, open_rendezvous
 from actors.learner.ledger import (LedgerError, code_fingerprint, first_difference, ledger_path, read_ledger,
                                    weights_digest)
 from actors.learner.trainer import Trainer
@@ -140,6 +141,14 @@ def checkpoints_at(run_dir: Path, policy_dir: Path) -> dict[int, Path]:
     return found
 
 
+def serve_rank(cfg, rank: int, rendezvous: str) -> None:
+    """Rank ``rank`` of a replay's learner group, in a process of its own, until rank 0 stops the group."""
+    from actors.learner.rank import LearnerRankActor, RankConfig
+
+    logging.basicConfig(level=logging.WARNING)
+    LearnerRankActor(RankConfig(cfg, rank, rendezvous), f"replay-rank{rank}")._serve()
+
+
 def held_after(held: list[int], entry: dict) -> list[int]:
     """The anchors' versions a learner holds after the update ``entry`` (``Trainer.keep_anchor``: the last two;
     ``restore_anchor``: back to the older, which it keeps)."""
@@ -184,10 +193,19 @@ class Rerun:
     learner config ``counter`` beside it. ``out``: the replay's own directory."""
 
     def __init__(self, recorded: Recorded, cfg, out: Path, counter=None, from_checkpoint: Path | None = None,
-                 to_version: int | None = None, force: bool = False, progress_every_s: float = 10.0):
+                 to_version: int | None = None, force: bool = False, progress_every_s: float = 10.0,
+                 ranks: int | None = None):
         self.recorded, self.out, self.to_version = recorded, out, to_version
-        self.cfg = replace(cfg, dataset_dir=None, save_dir=None, resume=False, ranks=1)
+        recorded_ranks = {e.get("ranks", 1) for e in recorded.entries if e["kind"] == "start"}
+        ranks = ranks or max(recorded_ranks)
+        # bitwise only on the group size the run trained with: another one's digests are counted, not stopped at
+        self.exact = recorded_ranks == {ranks}
+        self.cfg = replace(cfg, dataset_dir=None, save_dir=None, resume=False, ranks=ranks)
+        if counter is not None and ranks > 1:
+            raise ReplayRefused("a counterfactual replay runs on one learner rank (this process holds one learner "
+                                f"group, and the run's takes {ranks}): replay with --ranks 1 beside it")
         self.counter_cfg = replace(counter, dataset_dir=None, save_dir=None, resume=False, ranks=1) if counter else None
+        self._ranks: list = []  # ranks 1.. of a group, as processes
         self.from_checkpoint, self.progress_every_s = from_checkpoint, progress_every_s
         self.start = self._start_index()
         self._check_code(force)
@@ -228,19 +246,28 @@ class Rerun:
 
     def run(self) -> dict:
         started = time.perf_counter()
-        entries = self.recorded.entries
         faithful = self._trainer(self.cfg)
+        try:
+            return self._run(faithful, started)
+        finally:
+            self._leave(faithful)
+
+    def _run(self, faithful: Trainer, started: float) -> dict:
+        entries = self.recorded.entries
         counter = self._trainer(self.counter_cfg) if self.counter_cfg else None
         last = self.recorded.versions if self.to_version is None else min(self.to_version, self.recorded.versions)
         total = sum(1 for e in entries[self.start + 1:] if e["kind"] in ("update", "reset") and e["version"] <= last)
         result = {"from_version": self.version, "versions": total, "versions_equal": 0, "divergence": None,
-                  "run_learner_s": 0.0}
+                  "run_learner_s": 0.0, "ranks": self.cfg.ranks, "exact": self.exact}
         divergence = self._check(faithful, entries[self.start], None)
         last_said = time.perf_counter()
         for entry in entries[self.start + 1:]:
             if divergence is not None or (self.to_version is not None and self.version >= self.to_version):
                 break
             divergence = self._step(entry, faithful, counter, result)
+            if not self.exact:  # another group size: counted, not stopped at
+                result.setdefault("first_divergence", str(divergence) if divergence else None)
+                divergence = None
             if time.perf_counter() - last_said >= self.progress_every_s:
                 last_said = time.perf_counter()
                 log.info("replay: version %d of %d (%d checked equal), %.0f s", self.version,
@@ -255,9 +282,26 @@ class Rerun:
         return result
 
     def _trainer(self, cfg) -> Trainer:
-        trainer = Trainer(cfg, Shard())
+        """A learner as the run's: one rank, or rank 0 of a group whose other ranks are processes of their own."""
+        trainer = Trainer(cfg, Shard(0, cfg.ranks))
+        if cfg.ranks > 1:
+            store, rendezvous = open_rendezvous("127.0.0.1", cfg.ranks)
+            spawn = multiprocessing.get_context("spawn")
+            self._ranks = [spawn.Process(target=serve_rank, args=(cfg, r, rendezvous), daemon=True,
+                                         name=f"replay-rank{r}") for r in range(1, cfg.ranks)]
+            for process in self._ranks:
+                process.start()
+            join_group(trainer.shard, trainer.device, rendezvous, store)
         trainer.load(self.from_checkpoint)
         return trainer
+
+    def _leave(self, trainer: Trainer) -> None:
+        if self._ranks:
+            trainer.stop_group()
+            for process in self._ranks:
+                process.join(timeout=60)
+            leave_group()
+            self._ranks = []
 
     def _step(self, entry: dict, faithful: Trainer, counter: Trainer | None, result: dict) -> Divergence | None:
         kind = entry["kind"]
@@ -266,7 +310,7 @@ class Rerun:
         if kind == "start":  # a restart: the weights are the checkpoint's, and no anchor is held
             self.held = []
             for trainer in filter(None, (faithful, counter)):
-                trainer._anchors = []
+                trainer.drop_anchors()
             return self._check(faithful, entry, None, "the learner restarted from a checkpoint that did not hold "
                                                       "the weights it had trained")
         if kind == "reset":

@@ -245,6 +245,11 @@ class Trainer:
         self.optimizer.load_state_dict(self._fresh_optimizer)
         self._anchors = self._anchors[:1]
 
+    @collective
+    def drop_anchors(self) -> None:
+        """Hold no anchor, as a learner (re)started from a checkpoint does (a replay of its restart)."""
+        self._anchors = []
+
     def stop_group(self) -> None:
         """Rank 0: let the other ranks' ``serve`` return."""
         if self.shard.world > 1 and self.shard.rank == 0:

@@ -37,14 +37,13 @@ def learner_of(cfg: RunConfig, run_dir: Path, member: str):
 
 def replay(run_dir: str | Path, cfg: RunConfig, counter: RunConfig | None = None, member: str | None = None,
            from_version: int | None = None, to_version: int | None = None, force: bool = False,
-           label: str = "") -> dict:
+           label: str = "", ranks: int | None = None) -> dict:
     """Re-run the learner of ``run_dir`` (config ``cfg``, the run's own) and check every version's digest; with
-    ``counter``, a counterfactual learner beside it. The result (also ``result.json`` in the replay's directory)."""
+    ``counter``, a counterfactual learner beside it; ``ranks``: another learner group size than the run's (its
+    digests are counted, not stopped at: docs/replay.md). The result (also ``result.json`` in the replay's
+    directory)."""
     recorded = open_recorded(run_dir, member)
     learner, policy_dir = learner_of(cfg, recorded.run_dir, recorded.member)
-    if learner.ranks != 1:
-        raise ReplayRefused(f"the run trained with learner.ranks={learner.ranks}: a replay runs one rank, whose "
-                            "reductions add up in another order, so it cannot be bitwise (docs/replay.md)")
     checkpoint = None
     if from_version is not None:
         found = checkpoints_at(recorded.run_dir, policy_dir)
@@ -54,7 +53,7 @@ def replay(run_dir: str | Path, cfg: RunConfig, counter: RunConfig | None = None
         checkpoint = found[from_version]
     counter_learner = learner_of(counter, recorded.run_dir, recorded.member)[0] if counter is not None else None
     out = replay_out(recorded.run_dir)
-    rerun = Rerun(recorded, learner, out, counter_learner, checkpoint, to_version, force)
+    rerun = Rerun(recorded, learner, out, counter_learner, checkpoint, to_version, force, ranks=ranks)
     result = {"run": str(recorded.run_dir), "member": recorded.member, "out": str(out), **rerun.run()}
     if counter is not None:
         last = rerun.rows[-1] if rerun.rows else {}
