@@ -2,6 +2,7 @@
 from its records; then again with naive PPO beside it; then its rewards audited.
 
     python benchmarks/replay.py [--quick] [--out DIR] [hydra overrides...]
+    python benchmarks/replay.py --group     # a run of two learner ranks replayed on two (bitwise) and one (close)
 
 The run: the default job (mirror self-play TicTacToe) for 3 minutes of training (``--quick``: 1), checkpointing
 every 5 versions, with the collapse guard forced to trip at version 15 (``learner.args.guard.trip_at``: it rolls
@@ -14,6 +15,11 @@ back to its anchor). Its first life runs in one process (``run.mode=local``) and
 
 Last line: ``versions=<n> digests_equal=<share> replay_s=<s> run_learner_s=<s> replay_vs_learner=<ratio>
 counterfactual_kl=<KL> rescored_differ=<n>``, with the rollback, the restart and the kill on the line before.
+
+``--group``: ``group_versions=<n> group_digests_equal=<share> one_rank_digests_equal=<share>
+one_rank_max_abs_diff=<x> one_rank_rel_diff=<x> trained_rel_change=<x>``: the weights a one-rank replay reaches
+at the run's last version against the two-rank replay's (L2 of the difference over the weights' L2), beside how
+far training moved them from version 1 there.
 """
 
 from __future__ import annotations
@@ -82,14 +88,48 @@ def elapsed(run: Path) -> float:
         return 0.0
 
 
+def group(out: Path, minutes: float, overrides: list[str]) -> str:
+    """``--group``: a run of two learner ranks, replayed on two (bitwise) and on one (close): how close."""
+    from safetensors.torch import load_file
+
+    run = out / "group"
+    done = subprocess.run([sys.executable, "-m", "actors.cli", "launch", f"run.dir={out}", "run.name=group",
+                           "learner.ranks=2", f"run.minutes={minutes}", "run.progress=false", *overrides], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60 * (minutes + 15))
+    if done.returncode != 0:
+        raise RuntimeError(f"the two-rank run failed: {done.stderr[-3000:]}")
+    given = [o for o in overrides if o.startswith("model.path=")]
+    cfg = saved_config(str(run), given, "replay")
+    last = max(e["version"] for e in read_ledger(ledger_path(run / "episodes", "main")))
+    two = replaying.replay(run, cfg, to_version=last)
+    one = replaying.replay(run, cfg, to_version=last, ranks=1)
+    a, b = (load_file(Path(r["saved"]) / "model.safetensors") for r in (two, one))
+    first = replaying.replay(run, cfg, to_version=1)
+    a1 = load_file(Path(first["saved"]) / "model.safetensors")
+
+    def norm(weights) -> float:
+        return float(sum((w.double() ** 2).sum() for w in weights.values()) ** 0.5)
+
+    diff = norm({k: a[k] - b[k] for k in a}) / norm(a)
+    moved = norm({k: a[k] - a1[k] for k in a}) / norm(a1)
+    max_abs = max(float((a[k] - b[k]).abs().max()) for k in a)
+    return (f"group_versions={two['versions']} group_digests_equal={two['digests_equal']:.3f} "
+            f"one_rank_digests_equal={one['digests_equal']:.3f} one_rank_max_abs_diff={max_abs:.3g} "
+            f"one_rank_rel_diff={diff:.3g} trained_rel_change={moved:.3g}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 minute of training instead of 3 (CI)")
     parser.add_argument("--out", help="where the run goes (default: a fresh temporary directory)")
+    parser.add_argument("--group", action="store_true", help="instead: a two-rank run, replayed on two ranks and one")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     out = Path(args.out or tempfile.mkdtemp(prefix="tidal-replay-"))
+    if args.group:
+        print(group(out, 1.0, args.overrides))
+        return 0
     run = record(out, 1.0 if args.quick else 3.0, args.overrides)
     given = [o for o in args.overrides if o.startswith("model.path=")]
     entries = read_ledger(ledger_path(run / "episodes", "main"))
