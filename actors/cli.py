@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     rerun.add_argument("--from-version", type=int, help="start from the checkpoint at this version")
     rerun.add_argument("--to-version", type=int, help="stop at this version and save its weights (a checkpoint)")
     rerun.add_argument("--ranks", type=int, help="learner ranks (default: the run's; another count is only close)")
+    rerun.add_argument("--eval", help="versions (e.g. 20,40) whose replayed policies the run's evaluation plays")
     rerun.add_argument("--rescore", action="store_true", help="score every trained episode again; count differences")
     rerun.add_argument("--force", action="store_true", help="replay a run recorded by other code")
     league = commands.add_parser("league", help="self-play leagues: run one, or print a run's league table")
@@ -289,12 +290,22 @@ def replay_command(args) -> int:
         recorded = saved_config(args.run, outside, "replay")
         counter = saved_config(args.run, outside + learner, "replay") if learner else None
         result = replaying.replay(args.run, recorded, counter, args.member, args.from_version, args.to_version,
-                                  args.force, " ".join(learner), args.ranks)
+                                  args.force, " ".join(learner), args.ranks, parse_versions(args.eval))
     except (ReplayRefused, ValueError, FileNotFoundError) as error:
         print(f"tidal replay: {error}", file=sys.stderr)
         return 2
     print(replay_line(result))
     return 1 if result["divergence"] else 0
+
+
+def parse_versions(text: str | None) -> tuple[int, ...]:
+    """``--eval 20,40``: the versions, each a whole number >= 1."""
+    if not text:
+        return ()
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isascii() and p.isdigit() and 0 < len(p) < 10 and int(p) > 0 for p in parts):
+        raise ValueError(f"--eval {text!r}: expected versions as whole numbers >= 1, e.g. --eval 20,40")
+    return tuple(sorted({int(p) for p in parts}))
 
 
 def replay_line(result: dict) -> str:
@@ -306,6 +317,9 @@ def replay_line(result: dict) -> str:
     if result.get("counterfactual"):
         said += f"\ncounterfactual ({result['counterfactual']}): KL at the last version {result['counterfactual_kl']}"
         said += f", report in {result['report']}"
+    for e in result.get("evaluations", []):
+        said += f"\nversion {e['version']}: non-loss " + ", ".join(f"{side} {e[side]['nonloss']:.3f}" for side in
+                                                                  ("recorded", "counterfactual") if side in e)
     if result.get("saved"):
         said += f"\nweights at version {result['reached_version']}: {result['saved']}"
     return said + f"\noutputs: {result['out']}"

@@ -46,8 +46,13 @@ FORMAT = 1
 KINDS = ("start", "update", "reset", "dropped_batch")
 WEIGHT_KINDS = ("start", "update", "reset")
 _HEX = re.compile(r"^[0-9a-f]{16}$")
-CODE_DIRS = ("algos", "actors/learner", "actors/models")  # the code a replay runs: its fingerprint is recorded
-CODE_FILES = ("streams/schema.py", "streams/values.py")
+# The code an update runs (a replay's fingerprint): the maths, the trainer, how a batch is read and checked, how a
+# model is loaded and placed. Not the actors around it, nor the ledger or the replay themselves: what they decide
+# (drops, guard moves, learning rates) is recorded.
+CODE_DIRS = ("algos",)
+CODE_FILES = tuple(f"actors/learner/{name}.py" for name in ("trainer", "update", "batch", "microbatches", "group")) + (
+    "actors/models/base_model.py", "actors/models/devices.py", "actors/models/padding.py", "streams/schema.py",
+    "streams/values.py")
 
 
 class LedgerError(ValueError):
@@ -86,8 +91,8 @@ def first_difference(recorded: dict[str, str], replayed: dict[str, str]) -> str 
 
 
 def code_fingerprint(root: Path | None = None) -> str:
-    """A digest of the code that trains (``CODE_DIRS``, ``CODE_FILES``) and torch's version: equal fingerprints
-    run the same update."""
+    """A digest of the code an update runs (``CODE_DIRS``, ``CODE_FILES``) and torch's version: equal
+    fingerprints run the same update."""
     root = root or Path(__file__).resolve().parents[2]
     digest = hashlib.blake2b(torch.__version__.encode(), digest_size=8)
     paths = [p for d in CODE_DIRS for p in sorted((root / d).rglob("*.py"))] + [root / f for f in CODE_FILES]

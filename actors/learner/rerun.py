@@ -194,8 +194,10 @@ class Rerun:
 
     def __init__(self, recorded: Recorded, cfg, out: Path, counter=None, from_checkpoint: Path | None = None,
                  to_version: int | None = None, force: bool = False, progress_every_s: float = 10.0,
-                 ranks: int | None = None):
+                 ranks: int | None = None, policies_at: tuple[int, ...] = ()):
         self.recorded, self.out, self.to_version = recorded, out, to_version
+        self.policies_at = set(policies_at)  # versions whose policies are written (HF directories), for --eval
+        self.policies: dict[int, dict[str, str]] = {}  # version -> {"recorded": dir, "counterfactual": dir}
         recorded_ranks = {e.get("ranks", 1) for e in recorded.entries if e["kind"] == "start"}
         ranks = ranks or max(recorded_ranks)
         # bitwise only on the group size the run trained with: another one's digests are counted, not stopped at
@@ -239,7 +241,7 @@ class Rerun:
         now = code_fingerprint()
         if any(code != now for code in recorded):
             message = (f"the run was recorded by other code than this tidal's (code fingerprints {sorted(set(recorded))} "
-                       f"against {now}: algos/, actors/learner/, actors/models/ or torch changed)")
+                       f"against {now}: the update's code or torch changed: actors/learner/ledger.py CODE_FILES)")
             if not force:
                 raise ReplayRefused(message + "; --force replays it anyway, and stops at the first divergence")
             log.warning("%s: replaying anyway (--force)", message)
@@ -265,6 +267,9 @@ class Rerun:
             if divergence is not None or (self.to_version is not None and self.version >= self.to_version):
                 break
             divergence = self._step(entry, faithful, counter, result)
+            if divergence is None and self.version in self.policies_at and self.version not in self.policies:
+                self.policies[self.version] = {side: self._policy(trainer, f"{side}-v{self.version}") for side, trainer
+                                               in (("recorded", faithful), ("counterfactual", counter)) if trainer}
             if not self.exact:  # another group size: counted, not stopped at
                 result.setdefault("first_divergence", str(divergence) if divergence else None)
                 divergence = None
@@ -375,6 +380,11 @@ class Rerun:
             if values.get("is_weight_hist"):
                 row[f"is_weight_hist_{side}"] = values["is_weight_hist"]
         return row
+
+    def _policy(self, trainer: Trainer, name: str) -> str:
+        """The policy as a Hugging Face model directory (to evaluate it)."""
+        trainer.snapshot(self.out / name)
+        return str(self.out / name)
 
     def _save(self, trainer: Trainer, path: Path) -> Path:
         """A full checkpoint (an HF model directory, its optimizer and trainer state): to inspect, or to replay
