@@ -75,9 +75,10 @@ def resumed_config(run_dir: str, overrides: list[str]) -> RunConfig:
     return cfg
 
 
-def saved_config(run_dir: str, overrides: list[str], doing: str) -> RunConfig:
+def saved_config(run_dir: str, overrides: list[str], doing: str, groups: dict[str, str] | None = None) -> RunConfig:
     """A run's own ``config.json`` with plain ``key=value`` ``overrides`` on top, checked; the ``OUTSIDE_KEYS``
-    it sets only if given again here (``doing``: what for, in the messages)."""
+    it sets only if given again here (``doing``: what for, in the messages). ``groups``: config group files to
+    lay over its sections first (``{"reward": "judge"}``: ``configs/reward/judge.yaml`` as its ``reward``)."""
     path = Path(run_dir).expanduser()
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{doing}={run_dir}: not a run directory (no config.json)")
@@ -93,7 +94,14 @@ def saved_config(run_dir: str, overrides: list[str], doing: str) -> RunConfig:
         raise ValueError(f"{doing}={run_dir}: its config.json sets {', '.join(outside)}, which a {doing} takes only "
                          f"from the command line (they reach outside the run directory, which anyone who could write "
                          f"it could have changed); if you trust them, give them again: {command} {again}")
-    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), saved, OmegaConf.from_dotlist(overrides))
+    files = []
+    for group, name in (groups or {}).items():
+        path = CONFIG_DIR / group / f"{name}.yaml"
+        if not name.replace("_", "").isalnum() or not path.exists():
+            known = ", ".join(sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml")))
+            raise ValueError(f"{group}={name}: no such config (configs/{group}/ has {known})")
+        files.append(OmegaConf.create({group: OmegaConf.load(path)}))
+    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), saved, *files, OmegaConf.from_dotlist(overrides))
     return typed(cfg)
 
 
@@ -154,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     league_run.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. run.minutes=5 league=liars_dice")
     league_table = league_commands.add_parser("table", help="ratings and payoff matrix of a league run")
     league_table.add_argument("run_dir")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "replay" and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides += extra  # overrides after an option (`--rescore reward=judge`)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "scale":
         return scale_command(args.counts, args.run)
     if args.command == "stop":
@@ -278,13 +290,16 @@ def replay_command(args) -> int:
     outside = [o for o in args.overrides if o.split("=", 1)[0] in config.OUTSIDE_KEYS]
     learner = [o for o in args.overrides if o.startswith("learner.")]
     reward = [o for o in args.overrides if o.startswith("reward.")]
-    other = [o for o in args.overrides if o not in outside + learner + reward]
+    scorer = {"reward": o.split("=", 1)[1] for o in args.overrides if o.startswith("reward=")}  # a group file
+    other = [o for o in args.overrides if o not in outside + learner + reward and not o.startswith("reward=")]
     try:
-        if other or (reward and not args.rescore) or (learner and args.rescore):
-            raise ValueError(f"replay takes learner.* overrides (a counterfactual), reward.* ones with --rescore and "
-                             f"{', '.join(config.OUTSIDE_KEYS)}; not {', '.join(other or reward or learner)}")
+        if other or ((reward or scorer) and not args.rescore) or (learner and args.rescore):
+            raise ValueError(f"replay takes learner.* overrides (a counterfactual), reward=<config> and reward.* ones "
+                             f"with --rescore, and "
+                             f"{', '.join(config.OUTSIDE_KEYS)}; not {', '.join(other or reward or learner or ['reward=' + scorer['reward']])}")
         if args.rescore:
-            counts = replaying.rescore_run(args.run, saved_config(args.run, outside + reward, "replay"), args.member)
+            counts = replaying.rescore_run(args.run, saved_config(args.run, outside + reward, "replay", scorer),
+                                           args.member)
             print(" ".join(f"{k}={v}" for k, v in counts.items()))
             return 0
         recorded = saved_config(args.run, outside, "replay")
