@@ -3,7 +3,7 @@
 An asynchronous run cannot be run twice: which episode lands in which batch, how stale each token is and which
 version sampled it depend on timing. What the learner did with what it got can be: its updates are deterministic
 on a CPU given their inputs. The episode dataset (``actors/learner/dataset.py``) keeps each trained batch; the
-ledger keeps the rest, one JSON line per event, in ``<run dir>/episodes/ledger/<member>.jsonl``:
+ledger keeps the rest, one JSON line per event, in ``<run dir>/episodes/_ledger/<member>.jsonl``:
 
 - ``start``: the learner (re)started at ``version``, from the base model or a checkpoint (``from``); a restart
   holds no guard anchors (they are not checkpointed). ``code`` fingerprints the code that trains (``tidal replay``
@@ -41,7 +41,7 @@ import torch
 from streams.disk import append_line
 
 log = logging.getLogger(__name__)
-LEDGER_DIR = "ledger"  # under the dataset's root
+LEDGER_DIR = "_ledger"  # under the dataset's root; "_": Parquet readers of the directory skip it
 FORMAT = 1
 KINDS = ("start", "update", "reset", "dropped_batch")
 WEIGHT_KINDS = ("start", "update", "reset")

@@ -30,7 +30,7 @@ import torch
 from actors.learner.batch import collate
 from actors.learner.dataset import DATASET_DIR, batch_file
 from actors.learner.group import Shard, join_group, leave_group, open_rendezvous
-from actors.learner.ledger import (LedgerError, code_fingerprint, first_difference, ledger_path, read_ledger,
+from actors.learner.ledger import (LEDGER_DIR, LedgerError, code_fingerprint, first_difference, ledger_path, read_ledger,
                                    weights_digest)
 from actors.learner.trainer import Trainer
 from actors.learner.update import action_logits
@@ -87,9 +87,9 @@ def open_recorded(run_dir: str | Path, member: str | None = None) -> Recorded:
     if not root.is_dir():
         raise ReplayRefused(f"{run_dir} has no episode dataset ({DATASET_DIR}/): the run was made with "
                             "observe.dataset=false, so its trained batches were not kept and nothing can be replayed")
-    ledgers = sorted((root / "ledger").glob("*.jsonl")) if (root / "ledger").is_dir() else []
+    ledgers = sorted((root / LEDGER_DIR).glob("*.jsonl")) if (root / LEDGER_DIR).is_dir() else []
     if not ledgers:
-        raise ReplayRefused(f"{run_dir} has an episode dataset but no learner ledger ({DATASET_DIR}/ledger/): it "
+        raise ReplayRefused(f"{run_dir} has an episode dataset but no learner ledger ({DATASET_DIR}/{LEDGER_DIR}/): it "
                             "was recorded by a tidal from before the ledger, so its learner cannot be replayed")
     members = [p.stem for p in ledgers]
     if member is None and len(members) > 1:

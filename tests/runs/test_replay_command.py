@@ -31,8 +31,8 @@ def test_a_dataset_without_a_ledger_is_refused(bare_run, capsys):
 
 
 def test_a_ledger_that_does_not_parse_is_refused_naming_its_line(bare_run, capsys):
-    (bare_run / "episodes" / "ledger").mkdir(parents=True)
-    (bare_run / "episodes" / "ledger" / "main.jsonl").write_text('{"kind": "start"}\nnot json\n')
+    (bare_run / "episodes" / "_ledger").mkdir(parents=True)
+    (bare_run / "episodes" / "_ledger" / "main.jsonl").write_text('{"kind": "start"}\nnot json\n')
     assert "main.jsonl:1: version None is not a whole number" in refused(capsys, bare_run)
 
 
