@@ -1,8 +1,9 @@
-"""EnvActor: runs many live episodes, each a trio task, and asks rollout actors for the policy's moves.
+"""EnvActor: runs many live episodes, stepped together in a lane group, and asks rollout actors for the policy's moves.
 
-It composes four parts, each in its own module:
+It composes five parts, each in its own module:
 
-- ``actors.env.episode``: what one episode does (``play_episode``), given a game, its seats and a policy;
+- ``actors.env.lanes``: every live episode stepped by one task (``LaneGroup``), each in a lane: a tick plays every
+  move answered and asks every seat that waits, together; a finished episode's rows are columns already;
 - ``actors.env.policy_client``: the policy's moves asked of the rollout actors (``PolicyClient``);
 - ``actors.env.admission``: when a training episode may start, so that none falls too far behind the learner;
 - ``actors.env.matches``: where a training match comes from (self-play, or the league), chosen in ``run``.
@@ -40,8 +41,10 @@ from typing import Iterator
 import trio
 
 from actors.env.admission import Admission
+from actors.env.columns import EpisodeColumns
 from actors.env.deliveries import Deliveries
-from actors.env.episode import EpisodeCounts, EpisodeSettings, move_token_budget, play_episode
+from actors.env.episode import EpisodeCounts, move_token_budget
+from actors.env.lanes import EpisodeSettings, LaneGroup
 from actors.env.evaluation import EvaluationTally
 from actors.env.face import EnvStatistics
 from actors.env.policy_client import REQUEST_DEADLINE_S, PolicyClient, TokenCodec, by_member, open_policy_client
@@ -192,6 +195,8 @@ class EnvActor:
             nursery.start_soon(self._deliveries.run)
             self._versions_inbox = Inbox(versions, Kind.VERSION, VersionAnnounced.from_body, topic=True)
             self._policy, self._matches, self._nursery = policy, matches, nursery
+            self._lanes = LaneGroup(policy, self.codec, self._settings, self._counts)  # every episode's moves
+            nursery.start_soon(self._lanes.run)
             nursery.start_soon(self._admission.follow_versions, self._versions_inbox)
             self._dropped_inbox = Inbox(dropped, Kind.DROPPED, EpisodeDropped.from_body, topic=True)
             nursery.start_soon(self._follow_drops, self._dropped_inbox)
@@ -371,14 +376,14 @@ class EnvActor:
             self._training_in_flight -= 1
             slots.release()
 
-    async def _deliver(self, match: Match, rows: list[dict], returns: list[float]) -> None:
+    async def _deliver(self, match: Match, columns: EpisodeColumns, returns: list[float]) -> None:
         """The learner's rows to its reward actor (and the ledger)."""
         policy_returns = [r for r, who in zip(returns, match.seats) if who == match.learner]
         self._training["train_episodes"] += 1
         self._training["train_return_sum"] += sum(policy_returns) / len(policy_returns)
-        await self._deliveries.deliver(match.learner, rows)
+        await self._deliveries.deliver(match.learner, columns.table_columns())
         if self.cfg.ledger_dir:
-            await self._record_delivery(match.learner, rows[0][Columns.EPISODE_ID])
+            await self._record_delivery(match.learner, columns.shared[Columns.EPISODE_ID])
 
     async def _record_delivery(self, learner: str, episode_id: str) -> None:
         await self._episodes[learner].channel.drain()  # the reward actor has it, and replay before it acknowledged
@@ -399,14 +404,12 @@ class EnvActor:
                 nursery.start_soon(worker)
         tally.finish()
 
-    async def _play(self, seats: list[str], learner: str) -> tuple[list[dict], list[float]] | None:
-        """One episode (``play_episode``) on an idle game: a finished game is reset and reused (making one can
+    async def _play(self, seats: list[str], learner: str) -> tuple[EpisodeColumns, list[float]] | None:
+        """One episode in a lane of the group, on an idle game: a finished game is reset and reused (making one can
         cost more than playing it); one that raised is not."""
         seed = self._rng.randrange(2**31)
         game = self._idle_games.pop() if self._idle_games else self._make_game()
-        played = await play_episode(game, seats, self._policy.generate, self.codec, self._settings,
-                                    episode_id=self.episode_id(), seed=seed,
-                                    learner=learner, counts=self._counts)
+        played = await self._lanes.play(game, seats, episode_id=self.episode_id(), seed=seed, learner=learner)
         if played is not None:
             self._idle_games.append(game)
         return played

@@ -1,7 +1,8 @@
 """Finished training episodes to their learner's reward actor, a batch at a time.
 
-Episodes that finish while the previous batch is being sent wait together; their rows become one Arrow table
-(``schema.encode_episodes``: Arrow's fixed cost per column is paid once a batch, not once an episode), sliced
+Episodes that finish while the previous batch is being sent wait together; their columns (``actors.env.columns``)
+become one Arrow table (``schema.encode_episode_columns``: Arrow's fixed cost per column is paid once a batch, not
+once an episode; no row is ever a dict), sliced
 into one IPC stream per episode. What is on the wire is unchanged: one frame an episode, the reward actor's unit
 of acknowledgement, sent in the order the episodes finished. ``deliver`` returns once its episode's frame is
 sent (the stream's credit taken, as a direct send would), so backpressure and the ledger hold as before.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import trio
 
 from streams.endpoints import Outbox
-from streams.schema import encode_episodes
+from streams.schema import encode_episode_columns
 
 
 class Deliveries:
@@ -20,7 +21,7 @@ class Deliveries:
 
     def __init__(self, outboxes: dict[str, Outbox]):
         self._outboxes = outboxes
-        self._pending: dict[str, list[tuple[list[dict], trio.Event, list]]] = {m: [] for m in outboxes}
+        self._pending: dict[str, list[tuple[dict[str, list], trio.Event, list]]] = {m: [] for m in outboxes}
         self._wake = {member: trio.Event() for member in outboxes}
         self.counts = {"delivery_batches": 0}
 
@@ -29,11 +30,11 @@ class Deliveries:
             for member in self._outboxes:
                 nursery.start_soon(self._send, member)
 
-    async def deliver(self, learner: str, rows: list[dict]) -> None:
-        """Send the episode's ``rows`` (one frame); returns once it is sent. SchemaError for rows that do not fit
-        the schema (that episode's only: the others of its batch go out)."""
+    async def deliver(self, learner: str, columns: dict[str, list]) -> None:
+        """Send the episode's rows (its ``columns``: every column's values; one frame); returns once it is sent.
+        SchemaError for rows that do not fit the schema (that episode's only: the others of its batch go out)."""
         done, failure = trio.Event(), []
-        self._pending[learner].append((rows, done, failure))
+        self._pending[learner].append((columns, done, failure))
         self._wake[learner].set()
         await done.wait()
         if failure:
@@ -46,7 +47,7 @@ class Deliveries:
             self._wake[member] = trio.Event()
             batch, self._pending[member] = self._pending[member], []
             self.counts["delivery_batches"] += 1
-            for (_, done, failure), body in zip(batch, _encoded([rows for rows, _, _ in batch])):
+            for (_, done, failure), body in zip(batch, _encoded([columns for columns, _, _ in batch])):
                 try:
                     if isinstance(body, Exception):
                         failure.append(body)
@@ -56,16 +57,16 @@ class Deliveries:
                     done.set()
 
 
-def _encoded(episodes: list[list[dict]]) -> list[bytes | Exception]:
+def _encoded(episodes: list[dict[str, list]]) -> list[bytes | Exception]:
     """Each episode's frame body; where the batch does not fit the schema, each episode on its own, so that the
     error is the bad episode's."""
     try:
-        return encode_episodes(episodes)
+        return encode_episode_columns(episodes)
     except Exception:
         results = []
-        for rows in episodes:
+        for columns in episodes:
             try:
-                results.extend(encode_episodes([rows]))
+                results.extend(encode_episode_columns([columns]))
             except Exception as error:
                 results.append(error)
         return results
