@@ -139,15 +139,17 @@ def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir:
 def floor_steps_per_s(episodes: int, steps: int, model_dir: Path) -> float:
     """The generation path's own work with every structure around it taken away: one plain loop over
     ``episodes`` lanes, each tick every lane's prompt encoded, all requests framed and unframed, answered by the
-    scripted rule, the completions framed and unframed and decoded in one batch, each lane's game stepped and its
-    row written, and the finished episodes' Arrow tables built. No trio, no actors, no sockets: what any
-    restructure of the path in Python (docs/notes/vectorised-episodes.md) would still pay per move."""
+    scripted rule, the completions framed and unframed and decoded in one batch, each completion's answer read in
+    the answer form (``boxed``, as the path's env actor reads it), each lane's game stepped and its row written,
+    and the finished episodes' Arrow tables built. No trio, no actors, no sockets: what any restructure of the path
+    in Python (docs/notes/vectorised-episodes.md) would still pay per move."""
     import itertools
 
     from transformers import AutoTokenizer
 
     import envs
     from actors.env.policy_client import TokenCodec
+    from envs.answers import read_answer
     from streams.messages import (GenerationRequest, decode_completions, decode_requests, encode_completions,
                                   encode_requests, split_completions, split_requests)
     from streams.schema import Columns, encode_episodes
@@ -171,7 +173,7 @@ def floor_steps_per_s(episodes: int, steps: int, model_dir: Path) -> float:
         texts = core.decode_batch([c.token_ids for c in completions], skip_special_tokens=True)
         finished = []
         for lane, (game, prompt, completion, text) in enumerate(zip(games, prompts, completions, texts)):
-            result = game.step(text)
+            result = game.step(read_answer(text, "boxed", boxes=True))
             rows[lane].append({
                 Columns.EPISODE_ID: str(lane), Columns.ENV_NAME: GEM_GAME, Columns.SEED: 0, Columns.POLICY_ID: "p",
                 Columns.CREATED_AT: 0.0, Columns.MATCHUP: "p", Columns.TURN: len(rows[lane]), Columns.AGENT: 0,
@@ -301,9 +303,12 @@ def main(argv=None) -> None:
     model_dir = ensure_base_model(cfg.model.cache_dir, tiny_model_config(cfg))
     import gem  # noqa: F401 (loaded before the freeze, as the env actors load it)
 
-    # An env actor freezes what it loaded (its first run, here): from then on no full collection walks torch and
-    # transformers, GEM's threads' included. Frozen before anything is timed, so that GEM and tidal run alike.
-    gc.freeze()
+    # An env actor freezes what it loaded and sets the collector's thresholds (its first run would, here): from then
+    # on no full collection walks torch and transformers, GEM's threads' included. Done before anything is timed, so
+    # that GEM, tidal and the floor run alike.
+    from actors.env.actor import freeze_what_is_loaded
+
+    freeze_what_is_loaded()
     if args.profile:
         return profile_generation_path(args.episodes, steps, args.transport, model_dir, 40, args.profile)
     if args.floor:

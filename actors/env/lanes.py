@@ -16,8 +16,9 @@ What each lane keeps, as one episode in its own task did before:
   played on its turn;
 - a turn whose prompt and token budget would not fit ``max_context_tokens`` ends its episode, truncated.
 
-``play`` is how an episode enters the group: its caller (a training slot, an evaluation worker) waits for its end
-there, so admission, episode ids and delivery stay with the caller, once an episode.
+``start`` is how an episode enters the group, with what to call when it ends (``ended``, on the group's tick: the
+env actor's training and evaluation go on from there, with no task of their own an episode); ``play`` starts one
+and waits for its end. Admission, episode ids and delivery stay with the caller, once an episode.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass
+from typing import Callable
 
 import trio
 
@@ -40,6 +42,7 @@ from streams.schema import Columns
 
 log = logging.getLogger(__name__)
 FIXED_MOVES_PER_CHECKPOINT = 8  # fixed players' moves a lane plays a tick: a rules-only game still lets others run
+Played = tuple[EpisodeColumns, list[float]] | None  # an episode's trained rows and every seat's return; None: errored
 _START, _STEPPED = -1, -2  # tokens' kinds besides a seat's completion: an episode to start, a coroutine step's result
 
 
@@ -75,16 +78,17 @@ class Lane:
     """One episode in the group: its game, seats and columns, the moves asked for it, and how it ended."""
 
     __slots__ = ("game", "seats", "fixed", "learner", "episode_id", "seed", "columns", "history", "asked",
-                 "waiting_on", "turn", "move", "roles", "simultaneous", "done", "played", "over")
+                 "waiting_on", "turn", "move", "roles", "simultaneous", "ended", "played", "over")
 
-    def __init__(self, game, seats: list[str], learner: str | None, episode_id: str, seed: int):
+    def __init__(self, game, seats: list[str], learner: str | None, episode_id: str, seed: int, ended):
         self.game, self.seats, self.learner, self.episode_id, self.seed = game, seats, learner, episode_id, seed
+        self.ended = ended  # called with ``played`` once the episode is over
         self.asked: dict[int, _Ask | ContextFull] = {}  # seat -> its move asked (or the turn that would not fit)
         self.history: dict[int, list[tuple[str, str]]] = {}  # seat -> its (observation, completion text) turns
         self.waiting_on: int | None = None  # the seat whose completion the lane waits for
         self.turn = 0
         self.move: tuple | None = None  # the policy's move being stepped: (row index, seat, unreadable, finished)
-        self.done, self.played, self.over = trio.Event(), None, False
+        self.played, self.over = None, False
 
 
 class LaneGroup:
@@ -95,6 +99,7 @@ class LaneGroup:
         self.port, self.codec, self.settings, self.counts = port, codec, settings, counts
         self.answers = Answers()
         self.prompts = PromptRenderer(settings.prompt, codec, getattr(codec, "tokenizer", None))
+        self._histories = not settings.prompt.plain  # a prompt of the observation alone needs no earlier turns
         many = getattr(codec, "decode_batch", None)
         self._decode_many = many if many is not None else (lambda ids: [codec.decode(one) for one in ids])
         self._boxes = reads_boxes(settings.env_name)
@@ -102,14 +107,23 @@ class LaneGroup:
         self._traits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # game -> (roles, simultaneous, typed)
         self._nursery: trio.Nursery | None = None
 
-    async def play(self, game, seats: list[str], *, episode_id: str, seed: int,
-                   learner: str | None = None) -> tuple[EpisodeColumns, list[float]] | None:
-        """One episode of ``game`` (reset here with ``seed``) in a lane: ``learner``'s trained rows and every
-        seat's return; None if it errored (the game should not be reused)."""
-        lane = Lane(game, seats, learner, episode_id, seed)
+    def start(self, game, seats: list[str], *, episode_id: str, seed: int, learner: str | None,
+              ended: Callable[[Played], None]) -> Lane:
+        """Start an episode of ``game`` (reset with ``seed``) in a lane; ``ended`` is called on the group's tick
+        with ``learner``'s trained rows (its ``EpisodeColumns``) and every seat's return, or None if it errored (the
+        game should not be reused)."""
+        lane = Lane(game, seats, learner, episode_id, seed, ended)
         self.answers.put((lane, _START), None)
+        return lane
+
+    async def play(self, game, seats: list[str], *, episode_id: str, seed: int,
+                   learner: str | None = None) -> Played:
+        """``start`` one episode and wait for its end (what ``ended`` would be called with)."""
+        done = trio.Event()
+        lane = self.start(game, seats, episode_id=episode_id, seed=seed, learner=learner,
+                          ended=lambda played: done.set())
         try:
-            await lane.done.wait()
+            await done.wait()
         finally:
             if not lane.over:  # its caller was cancelled: the lane goes with it
                 self._close(lane)
@@ -123,7 +137,7 @@ class LaneGroup:
                 if self._runnable:
                     await trio.lowlevel.checkpoint()
                 else:
-                    await self.answers.wait()
+                    await self.answers.wait()  # a checkpoint at least: the tick's ends start new lanes at once
                 self.tick()
 
     def tick(self) -> None:
@@ -253,7 +267,8 @@ class LaneGroup:
         """The policy's answer for ``seat`` played: its row (a trained seat's), and the game's step (a result, or a
         coroutine)."""
         completion, text, counts, settings = ask.completion, ask.text, self.counts.counts, self.settings
-        lane.history.setdefault(seat, []).append((ask.observation, text))
+        if self._histories:
+            lane.history.setdefault(seat, []).append((ask.observation, text))
         counts["turns"] += 1
         counts["truncated_actions"] += not completion.finished
         index = None
@@ -313,7 +328,10 @@ class LaneGroup:
         self._close(lane)
 
     def _fail(self, lane: Lane, error: Exception) -> None:
-        """The lane's episode is dropped: counted as errored, by its cause."""
+        """The lane's episode is dropped: counted as errored, by its cause. An error raised once it was over (by
+        its ``ended``: the caller's bug, not the episode's) is raised on, never taken for a second end."""
+        if lane.over:
+            raise error
         counts = self.counts.counts
         counts["errored"] += 1
         if isinstance(error, (CompletionLost, GenerationRefused)):
@@ -332,7 +350,7 @@ class LaneGroup:
             if isinstance(ask, _Ask) and ask.completion is None:
                 self.port.cancel(ask.request_id)
         lane.asked.clear()
-        lane.done.set()
+        lane.ended(lane.played)
 
 
 def matchup(seats: list[str], task_type: str = "") -> str:

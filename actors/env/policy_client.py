@@ -87,8 +87,10 @@ class Answers:
         self._wake.set()
 
     async def wait(self) -> None:
-        """Until something is ready (at once if it is)."""
-        if not self.ready:
+        """Until something is ready (a checkpoint, if it is)."""
+        if self.ready:
+            await trio.lowlevel.checkpoint()
+        else:
             await self._wake.wait()
 
     def take(self) -> list[tuple[object, object]]:
@@ -139,10 +141,7 @@ class PolicyClient:
         request = GenerationRequest(request_id, self.reply_to, policy, prompt_ids, self._temperature, max_tokens,
                                     0 if snapshot else self._min_version(policy))
         self._waiting[request_id] = (answers, token, request, group)
-        if not self._deadlines:
-            self._deadline_posted.set()
-        self._deadlines.append((trio.current_time() + self._deadline_s, request_id, 0))
-        self._post(group, request, False)
+        self._post(group, request, False)  # its deadline runs from when it is sent (``send_requests``)
         return request_id
 
     def cancel(self, request_id: int) -> None:
@@ -188,6 +187,15 @@ class PolicyClient:
                     f"generation request {request_id} to {group} unanswered for twice its deadline of "
                     f"{self._deadline_s:g} s (sent again once)"))
 
+    def _start_deadlines(self, request_ids: list[int]) -> None:
+        """The first deadline of each of these requests, sent now (one clock reading for a frame's worth)."""
+        if not request_ids:
+            return
+        if not self._deadlines:
+            self._deadline_posted.set()
+        due = trio.current_time() + self._deadline_s
+        self._deadlines.extend([(due, request_id, 0) for request_id in request_ids])
+
     def _post(self, group: str, request: GenerationRequest, reissue: bool) -> None:
         self._pending[group].append((request, reissue))
         self._wake[group].set()
@@ -207,6 +215,7 @@ class PolicyClient:
             posted, self._pending[group] = self._pending[group], []
             waiting = self._waiting
             unanswered = [(r, again) for r, again in posted if r.request_id in waiting]
+            self._start_deadlines([r.request_id for r, again in unanswered if not again])
             for batch in split_requests([request for request, _ in unanswered]):
                 await outbox.send(encode_requests(batch))
                 self.counts["request_frames"] += 1

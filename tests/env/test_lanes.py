@@ -11,7 +11,7 @@ from envs.base import StepResult
 from envs.registry import make
 from streams.messages import Completion
 from streams.schema import Columns, decode_table, encode_episode_columns, encode_episodes
-from tests.env.test_episode import CharCodec, Quorum
+from tests.support.episodes import CharCodec, Quorum
 
 
 class Port:
