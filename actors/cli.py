@@ -66,28 +66,43 @@ def resumed_config(run_dir: str, overrides: list[str]) -> RunConfig:
     from actors.models.checkpoint_dir import find_checkpoint
 
     path = Path(run_dir).expanduser()
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"resume={run_dir}: not a run directory (no config.json)")
-    saved = migrated(json.loads((path / "config.json").read_text()))
-    bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]
-    if bad:
-        raise ValueError(f"resume takes plain key=value overrides, not {', '.join(bad)}")
-    given = {o.split("=", 1)[0] for o in overrides}
-    outside = {k: v for k, v in config.outside_settings(saved).items() if k not in given}
-    if outside:  # a run directory is data: it does not choose the cluster, keys, model or services of the driver
-        again = " ".join(config.override(k, v) for k, v in outside.items())
-        raise ValueError(f"resume={run_dir}: its config.json sets {', '.join(outside)}, which a resume takes only "
-                         f"from the command line (they reach outside the run directory, which anyone who could write "
-                         f"it could have changed); if you trust them, give them again: tidal launch resume={run_dir} "
-                         f"{again}")
-    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), saved, OmegaConf.from_dotlist(overrides))
+    cfg = saved_config(run_dir, overrides, "resume")
     cfg.resume, cfg.run.name, cfg.run.dir = str(path), path.name, str(path.parent)
-    cfg = typed(cfg)
     for member in cfg.members():  # a league checkpoints every member's learner; a single-policy run its one
         if find_checkpoint(path / policy_dir(cfg, member.id)) is None:
             raise FileNotFoundError(f"resume={run_dir}: the run left no checkpoint "
                                     f"({policy_dir(cfg, member.id)}/trainer_state.pt)")
     return cfg
+
+
+def saved_config(run_dir: str, overrides: list[str], doing: str, groups: dict[str, str] | None = None) -> RunConfig:
+    """A run's own ``config.json`` with plain ``key=value`` ``overrides`` on top, checked; the ``OUTSIDE_KEYS``
+    it sets only if given again here (``doing``: what for, in the messages). ``groups``: config group files to
+    lay over its sections first (``{"reward": "judge"}``: ``configs/reward/judge.yaml`` as its ``reward``)."""
+    path = Path(run_dir).expanduser()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{doing}={run_dir}: not a run directory (no config.json)")
+    saved = migrated(json.loads((path / "config.json").read_text()))
+    bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]
+    if bad:
+        raise ValueError(f"{doing} takes plain key=value overrides, not {', '.join(bad)}")
+    given = {o.split("=", 1)[0] for o in overrides}
+    outside = {k: v for k, v in config.outside_settings(saved).items() if k not in given}
+    if outside:  # a run directory is data: it does not choose the cluster, keys, model or services of the driver
+        again = " ".join(config.override(k, v) for k, v in outside.items())
+        command = f"tidal launch resume={run_dir}" if doing == "resume" else f"tidal {doing} {run_dir}"
+        raise ValueError(f"{doing}={run_dir}: its config.json sets {', '.join(outside)}, which a {doing} takes only "
+                         f"from the command line (they reach outside the run directory, which anyone who could write "
+                         f"it could have changed); if you trust them, give them again: {command} {again}")
+    files = []
+    for group, name in (groups or {}).items():
+        path = CONFIG_DIR / group / f"{name}.yaml"
+        if not name.replace("_", "").isalnum() or not path.exists():
+            known = ", ".join(sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml")))
+            raise ValueError(f"{group}={name}: no such config (configs/{group}/ has {known})")
+        files.append(OmegaConf.create({group: OmegaConf.load(path)}))
+    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), saved, *files, OmegaConf.from_dotlist(overrides))
+    return typed(cfg)
 
 
 def migrated(saved: dict) -> dict:
@@ -129,19 +144,37 @@ def main(argv: list[str] | None = None) -> int:
     export = commands.add_parser("export", help="write a run's trained episodes as Parquet, from its replay spill")
     export.add_argument("run", help="the run directory")
     export.add_argument("--out", help="where (default: the run's episodes/, which must not hold a dataset yet)")
+    rerun = commands.add_parser("replay", help="re-run a run's learner from its recorded batches and check every "
+                                "version (learner.* overrides: a counterfactual beside it; --rescore: audit rewards)")
+    rerun.add_argument("run", help="the run directory, e.g. runs/20261128-101500")
+    rerun.add_argument("overrides", nargs="*", help="learner.args.objective.loss=ppo ...: a counterfactual learner; "
+                       "reward.args...=...: the scorer --rescore uses")
+    rerun.add_argument("--member", help="the league member to replay (a single-policy run has one)")
+    rerun.add_argument("--from-version", type=int, help="start from the checkpoint at this version")
+    rerun.add_argument("--to-version", type=int, help="stop at this version and save its weights (a checkpoint)")
+    rerun.add_argument("--ranks", type=int, help="learner ranks (default: the run's; another count is only close)")
+    rerun.add_argument("--eval", help="versions (e.g. 20,40) whose replayed policies the run's evaluation plays")
+    rerun.add_argument("--rescore", action="store_true", help="score every trained episode again; count differences")
+    rerun.add_argument("--force", action="store_true", help="replay a run recorded by other code")
     league = commands.add_parser("league", help="self-play leagues: run one, or print a run's league table")
     league_commands = league.add_subparsers(dest="league_command", required=True)
     league_run = league_commands.add_parser("run", help="run a league (configs/league.yaml)")
     league_run.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. run.minutes=5 league=liars_dice")
     league_table = league_commands.add_parser("table", help="ratings and payoff matrix of a league run")
     league_table.add_argument("run_dir")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "replay" and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides += extra  # overrides after an option (`--rescore reward=judge`)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "scale":
         return scale_command(args.counts, args.run)
     if args.command == "stop":
         return stop_command(args.run, evaluate=not args.now)
     if args.command in ("top", "export"):
         return top_command(args.run, args.once) if args.command == "top" else export_command(args.run, args.out)
+    if args.command == "replay":
+        return replay_command(args)
     if args.command == "envs":
         from envs.registry import listing
 
@@ -246,6 +279,65 @@ def export_command(run: str, out: str | None) -> int:
           f"written: {counts['compacted']} episodes the spill had compacted (ids only), "
           f"{counts['incomplete_batches']} batches naming an episode not on disk")
     return 0
+
+
+def replay_command(args) -> int:
+    """``tidal replay <run>``: the learner re-run and checked, a counterfactual beside it, or a reward audit."""
+    from actors.learner.rerun import ReplayRefused
+    from actors.runs import replaying
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    outside = [o for o in args.overrides if o.split("=", 1)[0] in config.OUTSIDE_KEYS]
+    learner = [o for o in args.overrides if o.startswith("learner.")]
+    reward = [o for o in args.overrides if o.startswith("reward.")]
+    scorer = {"reward": o.split("=", 1)[1] for o in args.overrides if o.startswith("reward=")}  # a group file
+    other = [o for o in args.overrides if o not in outside + learner + reward and not o.startswith("reward=")]
+    try:
+        if other or ((reward or scorer) and not args.rescore) or (learner and args.rescore):
+            raise ValueError(f"replay takes learner.* overrides (a counterfactual), reward=<config> and reward.* ones "
+                             f"with --rescore, and "
+                             f"{', '.join(config.OUTSIDE_KEYS)}; not {', '.join(other or reward or learner or ['reward=' + scorer['reward']])}")
+        if args.rescore:
+            counts = replaying.rescore_run(args.run, saved_config(args.run, outside + reward, "replay", scorer),
+                                           args.member)
+            print(" ".join(f"{k}={v}" for k, v in counts.items()))
+            return 0
+        recorded = saved_config(args.run, outside, "replay")
+        counter = saved_config(args.run, outside + learner, "replay") if learner else None
+        result = replaying.replay(args.run, recorded, counter, args.member, args.from_version, args.to_version,
+                                  args.force, " ".join(learner), args.ranks, parse_versions(args.eval))
+    except (ReplayRefused, ValueError, FileNotFoundError) as error:
+        print(f"tidal replay: {error}", file=sys.stderr)
+        return 2
+    print(replay_line(result))
+    return 1 if result["divergence"] else 0
+
+
+def parse_versions(text: str | None) -> tuple[int, ...]:
+    """``--eval 20,40``: the versions, each a whole number >= 1."""
+    if not text:
+        return ()
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isascii() and p.isdigit() and 0 < len(p) < 10 and int(p) > 0 for p in parts):
+        raise ValueError(f"--eval {text!r}: expected versions as whole numbers >= 1, e.g. --eval 20,40")
+    return tuple(sorted({int(p) for p in parts}))
+
+
+def replay_line(result: dict) -> str:
+    said = (f"{result['run']}: versions {result['from_version']}..{result['reached_version']} replayed, "
+            f"digests_equal={result['digests_equal']:.3f} replay_s={result['replay_s']:.1f} "
+            f"run_learner_s={result['run_learner_s']:.1f}")
+    if result["divergence"]:
+        said += f"\n{result['divergence']}"
+    if result.get("counterfactual"):
+        said += f"\ncounterfactual ({result['counterfactual']}): KL at the last version {result['counterfactual_kl']}"
+        said += f", report in {result['report']}"
+    for e in result.get("evaluations", []):
+        said += f"\nversion {e['version']}: non-loss " + ", ".join(f"{side} {e[side]['nonloss']:.3f}" for side in
+                                                                  ("recorded", "counterfactual") if side in e)
+    if result.get("saved"):
+        said += f"\nweights at version {result['reached_version']}: {result['saved']}"
+    return said + f"\noutputs: {result['out']}"
 
 
 def parse_count(text: str) -> tuple[str, int]:

@@ -58,6 +58,7 @@ from actors.models.devices import DTYPES, check_device, check_dtype
 from actors.models.snapshots import snapshot_id
 from actors.learner.group import Shard, join_group, open_rendezvous
 from actors.learner.guard import CollapseGuard, Guard
+from actors.learner.ledger import FORMAT as LEDGER_FORMAT, Ledger, code_fingerprint, combined, ledger_path, weights_digest
 from actors.learner.staleness import AutoStaleness, StalenessBound, parse_max_staleness
 from actors.learner.trainer import Trainer
 from actors.learner.update import Objective
@@ -65,7 +66,6 @@ from streams.endpoints import Inbox, Outbox
 from streams.weights import WeightsPublisher, weights_to_bytes
 from streams.messages import VERSION_TOPIC, WEIGHTS_TOPIC, VersionAnnounced, WeightsFetch
 from streams.schema import Columns, decode_batch
-from streams.values import within_context
 from streams.wire import FRAME_LIMITS, Kind
 
 log = logging.getLogger(__name__)
@@ -163,6 +163,7 @@ class LearnerActor:
         self.resets: list[int] = []  # the versions that started again from the base model
         self.dataset: EpisodeDataset | None = None  # cfg.dataset_dir: each trained batch, written by its thread
         self._checkpoint_cursor: dict = {}  # the cursor of the checkpoint this learner started from
+        self.ledger: Ledger | None = None  # with a dataset: what made each version (actors/learner/ledger.py)
 
     async def run(self, transport, peers: dict, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         checkpoint = self._checkpoint()
@@ -202,22 +203,20 @@ class LearnerActor:
                     model_lock = trio.Lock()
                     self._snapshot_roots, roots = trio.open_memory_channel(16)
                     nursery.start_soon(self._write_snapshots, roots, model_lock, versions_out)
-                    await self._publish(versions_out)
+                    self.ledger = self._open_ledger(checkpoint)
+                    await self._publish(versions_out, await trio.to_thread.run_sync(
+                        self._record, self._start_entry(checkpoint)))
                     while True:
                         table, seq = await self._inbox.receive()
                         if not self._in_order(seq):
                             continue
                         self._first_batch_at = self._first_batch_at or time.perf_counter()
                         self.cursor = seq if seq is not None else self.cursor
-                        table = self._within_bound(table)
-                        if table is None:
-                            continue
-                        async with model_lock:
-                            trained_at = self.version
-                            stats = await trio.to_thread.run_sync(self._update, table)
-                            if self.dataset is not None:  # written by the dataset's thread
-                                self.dataset.add(table, self.cursor if seq is not None else trained_at, trained_at)
-                            await self._publish(versions_out)
+                        async with model_lock:  # a reset's version and ledger entry never come in between
+                            stats, state = await trio.to_thread.run_sync(self._consume, table, seq)
+                            if stats is None:
+                                continue
+                            await self._publish(versions_out, state)
                             self.history.append(stats)
                             every = self.cfg.checkpoint_every
                             if self.cfg.save_dir and every and self.version % every == 0:
@@ -236,12 +235,41 @@ class LearnerActor:
         the policy then starts again from the base model."""
         self._snapshot_roots.send_nowait((root, reset))
 
-    async def _publish(self, versions_out: Outbox) -> None:
-        """The weights of ``self.version`` to the rollout actors, and the version and life to whoever follows."""
-        weights = await trio.to_thread.run_sync(lambda: weights_to_bytes(self.trainer.full_state()))
+    async def _publish(self, versions_out: Outbox, state: dict | None = None) -> None:
+        """The weights of ``self.version`` to the rollout actors (``state``: already on the CPU, from ``_record``),
+        and the version and life to whoever follows."""
+        weights = await trio.to_thread.run_sync(lambda: weights_to_bytes(state or self._cpu_state()))
         self.bound.published(self.version)
         await versions_out.send(self._announcement())  # first: followers stop sampling a dead life's weights
         await self._weights.publish(self.version, weights)
+
+    def _cpu_state(self) -> dict:
+        return {name: p.detach().cpu().contiguous() for name, p in self.trainer.full_state().items()}
+
+    def _record(self, entry: dict) -> dict | None:
+        """``entry`` (what made the weights of ``self.version``) to the ledger, with their digest, in the same
+        thread call as the change it records (no cancellation comes between them); the weights on the CPU, for
+        ``_publish`` (None: no ledger, and nothing copied yet)."""
+        if self.ledger is None:
+            return None
+        state = self._cpu_state()
+        digest = weights_digest(state)
+        self.ledger.append({**entry, "digest": digest, "weights": combined(digest)})
+        return state
+
+    def _open_ledger(self, checkpoint: Path | None) -> Ledger | None:
+        """The ledger beside the dataset, cut back to the checkpoint this learner starts from (no dataset: none)."""
+        if not self.cfg.dataset_dir:
+            return None
+        return Ledger.opened(ledger_path(self.cfg.dataset_dir, self.cfg.policy_id), self.version,
+                             self._checkpoint_cursor if checkpoint is not None else {})
+
+    def _start_entry(self, checkpoint: Path | None) -> dict:
+        return {"kind": "start", "format": LEDGER_FORMAT, "version": self.version, "life": self.cfg.life,
+                "data_life": self.cfg.data_life, "from": "checkpoint" if checkpoint is not None else "base",
+                "model_path": self.cfg.model_path, "code": code_fingerprint(), "ranks": self.cfg.ranks,
+                "threads": self.cfg.threads, "device": str(self.trainer.device), "dtype": str(self.trainer.dtype),
+                "time": time.time()}
 
     def _announcement(self) -> bytes:
         return VersionAnnounced(self.cfg.policy_id, self.version, self.cfg.life, self.bound.eta).to_body()
@@ -257,19 +285,19 @@ class LearnerActor:
                 if all(s["id"] != name for s in self.snapshots):
                     self.snapshots.append({"id": name, "version": self.version, "path": str(path)})
                 if reset:
-                    await trio.to_thread.run_sync(self._reset)
-                    await self._publish(versions_out)
+                    await self._publish(versions_out, await trio.to_thread.run_sync(self._reset))
                     if self.cfg.save_dir:  # a restart goes on from the reset policy, not from before it
                         await trio.to_thread.run_sync(self._save)
 
-    def _reset(self) -> None:
+    def _reset(self) -> dict | None:
         """Back to the base model (weights, optimizer, baselines) as the next version: AlphaStar's exploiter reset.
         Episodes sampled before it are older versions: the staleness bound and the off-policy correction see
-        them so."""
+        them so. Recorded in the ledger (its weights on the CPU returned, as ``_record``'s)."""
         self.trainer.reset()
         self.version += 1
         self.resets.append(self.version)
         log.info("%s reset to the base model %s at version %d", self.name, self.cfg.model_path, self.version)
+        return self._record({"kind": "reset", "version": self.version})
 
     async def _announce(self, versions_out: Outbox, weights: WeightsPublisher) -> None:
         while True:
@@ -332,6 +360,25 @@ class LearnerActor:
         cursor = self._checkpoint_cursor = state.get("cursor", {})
         self.cursor = cursor["seq"] if cursor.get("life") == self.cfg.data_life else 0  # a new life numbers anew
 
+    def _consume(self, table, seq: int | None) -> tuple[dict | None, dict | None]:
+        """Batch ``seq``, next in order: its turns past the staleness bound dropped, the update on the rest, the
+        batch to the dataset, the update to the ledger; its statistics and the new weights on the CPU (as
+        ``_record``'s). A batch with nothing left is only recorded in the ledger: ``(None, None)``."""
+        trained_at = self.version
+        table = self._within_bound(table)
+        batch = {"life": self.cfg.data_life, "member": self.cfg.policy_id,
+                 "seq": seq if seq is not None else trained_at}  # its name in the dataset
+        if table is None:
+            if self.ledger is not None:
+                self.ledger.append({"kind": "dropped_batch", "version": trained_at, "batch": batch,
+                                    "dropped": self.bound.dropped})
+            return None, None
+        dropped = self.bound.dropped
+        stats = self._update(table)
+        if self.dataset is not None:  # written by the dataset's thread
+            self.dataset.add(table, batch["seq"], trained_at)
+        return stats, self._record(update_entry(stats, batch, table.num_rows, dropped))
+
     def _wall_s(self) -> float:
         """Seconds from the first batch, across resumes."""
         since = time.perf_counter() - self._first_batch_at if self._first_batch_at else 0.0
@@ -340,8 +387,10 @@ class LearnerActor:
     def _update(self, table) -> dict:
         started = time.perf_counter()
         lr = self.cfg.learning_rate(self._wall_s(), self.version) * self.guard.step_scale
-        table, too_long = self._within_context(table)
-        stats = self.trainer.update(table, lr, self.version)
+        table, too_long = self.trainer.within_context(table)
+        max_version = self.trainer.newest_version(self.version)
+        eta, seed = self.bound.eta, self.trainer.update_seed(self.version)
+        stats = self.trainer.update(table, lr, self.version, max_version)
         if too_long:
             stats["rejected_rows"] = stats.get("rejected_rows", 0) + too_long
             stats["rejected_by_reason"] = {**stats.get("rejected_by_reason", {}), "too_long": too_long}
@@ -363,21 +412,8 @@ class LearnerActor:
                   "token_version_min": int(token_versions.min()), "token_version_max": int(token_versions.max())
                   } if tokens else {}
         return {**stats, "version": self.version, "episodes": episodes, "train_s": elapsed, "lr": lr, **spread,
-                "staleness_hist": {str(k): histogram[k] for k in sorted(histogram)}, "time": time.time()}
-
-    def _within_context(self, table):
-        """The batch without its rows of more prompt and action tokens than the model's context
-        (``max_position_embeddings``), and how many there were: such a row cannot be one sequence of the model, and
-        an update's time grows with the square of a row's length (one row of 16 k tokens took 11.7 s on the tiny
-        model), so one would stall the learner while it looks alive."""
-        context = getattr(self.trainer.model.config, "max_position_embeddings", None)
-        if context is None:
-            return table, 0
-        checked = within_context(table, context)
-        if checked.rejected:
-            log.warning("%d rows of a batch not trained on: longer than the model's context; e.g. %s",
-                        checked.rejected_rows, checked.example)
-        return checked.table, checked.rejected_rows
+                "staleness_hist": {str(k): histogram[k] for k in sorted(histogram)}, "time": time.time(),
+                "eta_in_force": eta, "seed": seed, "max_version": max_version}
 
     def _react(self, table, stats: dict) -> dict:
         """After the update that made ``self.version``: the guard's move (a trip, and rollback to its anchor; or a
@@ -387,12 +423,15 @@ class LearnerActor:
         share, ess = (float(invalid.mean()) if len(invalid) else None), stats.get("is_ess")
         guarded = self.guard.observe(self.version, share, ess, len(invalid), eta_floor=self.bound.floor)
         reaction = {"eta": self.bound.observe(ess), "is_ess": ess, **guarded}
+        anchored = False
         if reaction["rollback"]:
             self.trainer.restore_anchor()
         elif self.guard.anchor_due(self.version, share, ess, len(invalid)):
             self.trainer.keep_anchor()
             self.guard.anchored(self.version)
-        return {**reaction, "rollback": int(reaction["rollback"]), "invalid_share": share}
+            anchored = True
+        return {**reaction, "rollback": int(reaction["rollback"]), "anchored": int(anchored), "invalid_share": share,
+                "guard_reason": self.guard.last_reason}
 
     def _within_bound(self, table):
         """The batch without the turns that hold a token past its bound (None: nothing is left), counted."""
@@ -410,3 +449,13 @@ class LearnerActor:
                 "weights": self._weights.statistics() if self._weights else {},
                 "dataset": dict(self.dataset.written) if self.dataset else {},
                 "streams": {name: s.statistics() for name, s in self._streams.items()}}
+
+
+def update_entry(stats: dict, batch: dict, rows: int, dropped: list) -> dict:
+    """The ledger's entry for the update that ``stats`` describes (``actors/learner/ledger.py``)."""
+    return {"kind": "update", "version": stats["version"], "batch": batch, "rows": rows,
+            "dropped": {"turns": len(dropped), "rows": dropped}, "eta": stats["eta_in_force"], "eta_next": stats["eta"],
+            "lr": stats["lr"], "seed": stats["seed"], "max_version": stats["max_version"],
+            "guard": {"trips": stats["guard_trips"], "rollback": stats["rollback"], "anchored": stats["anchored"],
+                      "reason": stats["guard_reason"]},
+            "rejected_rows": stats.get("rejected_rows", 0), "train_s": stats["train_s"], "time": stats["time"]}

@@ -80,6 +80,15 @@ def control_group():
     return _CONTROL["group"]
 
 
+def leave_group() -> None:
+    """This process out of its learner group (the others must leave too), so that it can start another."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _CONTROL.clear()
+
+
 class GroupIntruder(RuntimeError):
     """A process in the learner group's rendezvous could not prove it knows the group's secret."""
 

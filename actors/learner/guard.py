@@ -30,8 +30,13 @@ class Guard:
     rollback: bool = True
     anchor_every: int = 10
     reference_decay: float = 0.9
+    trip_at: tuple[int, ...] = ()  # fault injection (tests, benchmarks/replay.py): trip after the updates that make
+    # these versions, whatever their batches look like
 
     def __post_init__(self):
+        self.trip_at = tuple(self.trip_at)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in self.trip_at):
+            raise ValueError(f"guard trip_at lists versions (whole numbers > 0), not {self.trip_at!r}")
         if not 0.0 < self.invalid_rise <= 1.0 or not 0.0 <= self.ess_floor < 1.0:
             raise ValueError(f"guard needs 0 < invalid_rise <= 1 and 0 <= ess_floor < 1, not {self.invalid_rise}, "
                              f"{self.ess_floor}")
@@ -77,6 +82,9 @@ class CollapseGuard:
             self.cooldown_left -= 1
         reason = self._suspicion(invalid_share, ess, turns) if self.config.enabled else ""
         self.suspicious = self.suspicious + 1 if reason else 0
+        forced = self.config.enabled and version in self.config.trip_at
+        if forced:
+            reason, self.suspicious = f"forced at version {version} (guard.trip_at)", self.config.patience
         if reason and self.suspicious >= self.config.patience and self.cooldown_left == 0:
             self.trips += 1
             self.cooldown_left = self.config.cooldown

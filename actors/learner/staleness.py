@@ -79,6 +79,7 @@ class StalenessBound:
 
     def __post_init__(self):
         self._rejected_logged: tuple[float, int] | None = None
+        self.dropped: list[list] = []  # the turns the last drop_stale dropped: [episode, agent, turn]
         if self.eta < 0:
             self.eta = self.auto.start if self.fixed is None else self.fixed
 
@@ -109,16 +110,20 @@ class StalenessBound:
 
     def drop_stale(self, table, version: int, totals: dict):
         """``table`` without the turns holding a token past its bound at ``version`` (None: nothing is left); the
-        dropped ones counted in ``totals`` (rejected_turns, _tokens, and _episodes: those left with no turn).
+        dropped ones counted in ``totals`` (rejected_turns, _tokens, and _episodes: those left with no turn) and
+        named in ``self.dropped`` (episode, agent, turn: the ledger's record).
 
         A turn is a row: the bound is on tokens, so an episode whose first turns waited too long (a slow tool, a
         long game) keeps its later turns, sampled with newer weights; their returns-to-go do not depend on the
         earlier turns' rows."""
         versions = table.column(Columns.POLICY_VERSIONS).to_pylist()
         keep = [not v or self.within(version, min(v)) for v in versions]
+        self.dropped = []
         if all(keep):
             return table
         episodes = table.column(Columns.EPISODE_ID).to_pylist()
+        self.dropped = [[e, a, t] for e, a, t, k in zip(episodes, table.column(Columns.AGENT).to_pylist(),
+                                                        table.column(Columns.TURN).to_pylist(), keep) if not k]
         kept = {e for e, k in zip(episodes, keep) if k}
         totals["rejected_episodes"] += len(set(episodes) - kept)
         totals["rejected_turns"] += keep.count(False)

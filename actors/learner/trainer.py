@@ -37,7 +37,7 @@ from actors.models.snapshots import write_snapshot
 from actors.learner.batch import collate
 from actors.learner.group import Shard, collective, control_group, group_failure, on_device, shard_model
 from actors.learner.update import ObjectiveState, policy_gradient_step
-from streams.values import check_rows
+from streams.values import check_rows, within_context
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +113,27 @@ class Trainer:
         load_optimizer(state, path, process_group=control_group())
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
 
-    def update(self, table, lr: float, version: int) -> dict:
+    def within_context(self, table):
+        """``table`` without its rows of more prompt and action tokens than the model's context
+        (``max_position_embeddings``), and how many there were: such a row cannot be one sequence of the model,
+        and an update's time grows with the square of a row's length (one row of 16 k tokens took 11.7 s on the
+        tiny model), so one would stall the learner while it looks alive."""
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        if context is None:
+            return table, 0
+        checked = within_context(table, context)
+        if checked.rejected:
+            log.warning("%d rows of a batch not trained on: longer than the model's context; e.g. %s",
+                        checked.rejected_rows, checked.example)
+        return checked.table, checked.rejected_rows
+
+    def update(self, table, lr: float, version: int, max_version: int | None | str = "newest") -> dict:
         """One update on ``table``'s usable rows. Rank 0 (or a learner alone) checks them with its own config (a
-        restarted group's other ranks keep their first one) and sends the group only what passed."""
+        restarted group's other ranks keep their first one) and sends the group only what passed. ``max_version``:
+        the newest version a token may carry (default: ``newest_version``; a replay gives the recorded one)."""
+        max_version = self.newest_version(version) if max_version == "newest" else max_version
         checked = check_rows(table, vocab_size=self.model.get_input_embeddings().num_embeddings,
-                             max_version=self.newest_version(version))
+                             max_version=max_version)
         rejected = {"rejected_rows": checked.rejected_rows, "rejected_by_reason": checked.rejected}
         if checked.rejected:
             log.warning("%d rows of a batch not trained on, by reason %s; e.g. %s", checked.rejected_rows,
@@ -131,13 +147,20 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         batch = collate(table, self.tokenizer.pad_token_id)
-        # the minibatches' shuffle: the same on every rank, and again after a resume
-        generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + version)
+        # the minibatches' shuffle and row draw, and torch's own generator (dropout, if a model has any): the same
+        # on every rank, and again after a resume or in a replay (the seed is the ledger's)
+        seed = self.update_seed(version)
+        torch.manual_seed(seed)
+        generator = torch.Generator().manual_seed(seed)
         compute = self.dtype if self.shard.world == 1 else None  # a sharded model casts by its own policy
         return policy_gradient_step(self.model, self.optimizer, batch, self.cfg.objective, self.state,
                                     temperature=self.cfg.temperature, reference=self.reference, version=version,
                                     generator=generator, max_tokens_per_microbatch=self.cfg.max_tokens_per_microbatch,
                                     shard=self.shard, compute_dtype=compute)
+
+    def update_seed(self, version: int) -> int:
+        """The seed of the update that trains at ``version``."""
+        return self.cfg.seed * 1_000_003 + version
 
     def newest_version(self, version: int) -> int | None:
         """The newest policy version a token may carry when this learner is at ``version``: its own in the first
@@ -221,6 +244,11 @@ class Trainer:
                 local(value).copy_(self._anchors[0][name])
         self.optimizer.load_state_dict(self._fresh_optimizer)
         self._anchors = self._anchors[:1]
+
+    @collective
+    def drop_anchors(self) -> None:
+        """Hold no anchor, as a learner (re)started from a checkpoint does (a replay of its restart)."""
+        self._anchors = []
 
     def stop_group(self) -> None:
         """Rank 0: let the other ranks' ``serve`` return."""

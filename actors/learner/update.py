@@ -24,6 +24,7 @@ from actors.learner.batch import TokenBatch
 from actors.learner.group import Shard
 
 LOSSES = ("decoupled_ppo", "ppo", "truncated_is", "reinforce")
+LOSS_ALIASES = {"naive_ppo": "ppo"}  # PPO's clip on pi/mu is the "naive" off-policy PPO of the literature
 ADVANTAGES = ("rae", "rae_state", "grpo", "grpo_mean", "rebn", "role_grpo")
 KL_ESTIMATORS = ("loss", "reward")
 TRUNCATED_ACTIONS = ("train", "mask")  # what the update does with a completion cut at its token budget
@@ -63,6 +64,7 @@ class Objective:
     # out of the update (env.args.truncation_penalty penalises it instead, or as well)
 
     def __post_init__(self):
+        self.loss = LOSS_ALIASES.get(self.loss, self.loss)
         for what, value, known in (("loss", self.loss, LOSSES), ("advantage estimator", self.advantage, ADVANTAGES),
                                     ("KL estimator", self.kl_estimator, KL_ESTIMATORS)):
             if value not in known:

@@ -93,6 +93,20 @@ def mib(n: int) -> str:
     return f"{n / 2**20:,.0f} MiB"
 
 
+def base_model_path(cfg: RunConfig) -> Path:
+    """The base model: ``model.path`` (and each member's own ``model``) checked; else the model tidal makes (and
+    caches) by ``model.init``: its tiny model, warmed up, or random weights of ``model.shape``."""
+    for where, path in [("model.path", cfg.model.path), *((f"league member {m.id}'s model", m.model)
+                                                           for m in cfg.members())]:
+        if path and not (Path(path).expanduser() / "config.json").exists():
+            raise FileNotFoundError(f"{where}={path} is not a Hugging Face model directory (no config.json)")
+    if cfg.model.path:
+        return Path(cfg.model.path).expanduser()
+    if cfg.model.init == "random":
+        return ensure_random_model(cfg.model.cache_dir, random_model_config(cfg))
+    return ensure_base_model(cfg.model.cache_dir, tiny_model_config(cfg))
+
+
 class Driver:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
@@ -151,17 +165,7 @@ class Driver:
     # -- the run -----------------------------------------------------------------------------------------
 
     def model_path(self) -> Path:
-        """The base model: ``model.path`` (and each member's own ``model``) checked; else the model tidal makes
-        (and caches) by ``model.init``: its tiny model, warmed up, or random weights of ``model.shape``."""
-        for where, path in [("model.path", self.cfg.model.path),
-                            *((f"league member {m.id}'s model", m.model) for m in self.cfg.members())]:
-            if path and not (Path(path).expanduser() / "config.json").exists():
-                raise FileNotFoundError(f"{where}={path} is not a Hugging Face model directory (no config.json)")
-        if self.cfg.model.path:
-            return Path(self.cfg.model.path).expanduser()
-        if self.cfg.model.init == "random":
-            return ensure_random_model(self.cfg.model.cache_dir, random_model_config(self.cfg))
-        return ensure_base_model(self.cfg.model.cache_dir, tiny_model_config(self.cfg))
+        return base_model_path(self.cfg)
 
     def execute(self) -> dict:
         """The run, to its summary; its directory's lock is let go at the end, however it ends."""

@@ -216,3 +216,11 @@ def test_formats_renders_every_history_mode_as_apply_chat_template_does():
 def test_formats_quick(tmp_path):
     lines = run("formats.py", tmp_path)
     assert re.fullmatch(r"template_match=1 tokens_per_move_ratio=[\d.]+ episodes_per_s_ratio=[\d.]+", lines[-1])
+
+
+@pytest.mark.slow  # about 3 minutes: a run killed and resumed, then three replays (the system tests cover each part)
+def test_replay_quick(tmp_path):
+    lines = run("replay.py", tmp_path)
+    assert re.fullmatch(r"versions=\d+ digests_equal=1\.000 replay_s=[\d.]+ run_learner_s=[\d.]+ "
+                        r"replay_vs_learner=[\d.]+ counterfactual_kl=[\d.e+-]+ rescored_differ=0", lines[-1]), lines[-1]
+    assert "rollbacks=[15]" in lines[-2] and "(0, 'base')" in lines[-2] and "'checkpoint')" in lines[-2], lines[-2]

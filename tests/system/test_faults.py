@@ -9,6 +9,9 @@ import signal
 
 import pytest
 
+from actors.cli import saved_config
+from actors.learner.ledger import ledger_path, read_ledger
+from actors.runs.replaying import replay
 from actors.runs.host import CRASH
 from actors.runs.control import send_scale
 from actors.models.checkpoints import checkpoint_cursor
@@ -69,6 +72,12 @@ def test_every_kind_killed_is_restarted_and_no_episode_is_lost_or_trained_twice(
     # the checkpoint were written again as it trained them again)
     trained = dataset_accounts(run)
     assert sum(trained["per_life"].values()) == trained["trained"] > 0 and trained["twice"] == [], trained
+    # the learner's ledger: each version once across the kill (the updates past the checkpoint recorded again as
+    # they were made again), and the learner re-run from the records reproduces every version bit for bit
+    starts = [e for e in read_ledger(ledger_path(run / "episodes", "main")) if e["kind"] == "start"]
+    assert [(e["life"], e["from"]) for e in starts] == [(0, "base"), (1, "checkpoint")], starts
+    replayed = replay(run, saved_config(str(run), [f"model.path={tiny_model_dir}"], "replay"))
+    assert replayed["digests_equal"] == 1.0 and replayed["versions"] >= 12, replayed
     rows = background.rows()
     assert all(r.get("tokens_per_s", 0) >= 0 and r.get("episodes_per_s", 0) >= 0 for r in rows)  # totals go on
     assert rows[-1]["reissued_requests"] > 0  # the dead rollout actor's requests were asked again

@@ -6,8 +6,10 @@ import signal
 
 import pytest
 
+from actors.cli import saved_config
 from actors.models.checkpoints import checkpoint_cursor
 from actors.replay.spill import account_episodes
+from actors.runs.replaying import replay
 from tests.factories import wait_for
 from tests.factories import BackgroundRun, small_config
 
@@ -37,3 +39,6 @@ def test_two_learner_ranks_train_and_a_killed_rank_restarts_the_group_losing_not
     accounts = account_episodes(run_dir, summary["life"], checkpoint_cursor(run_dir / "policy", summary["life"]))
     assert accounts["lost"] == 0 and accounts["duplicated"] == 0, accounts
     assert accounts["consumed"] >= 8 * 10, accounts
+    # the group re-run from its records on two ranks, the group's restart included: every version bit for bit
+    replayed = replay(run_dir, saved_config(str(run_dir), [f"model.path={tiny_model_dir}"], "replay"))
+    assert replayed["ranks"] == 2 and replayed["digests_equal"] == 1.0 and replayed["versions"] >= 10, replayed

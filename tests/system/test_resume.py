@@ -6,12 +6,16 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import duckdb
 import pytest
 import torch
 
+from safetensors.torch import load_file
+
 from actors.cli import load_config
+from actors.learner.ledger import ledger_path, read_ledger, weights_digest
 from actors.models.checkpoint_dir import TRAINER_STATE, find_checkpoint
 from actors.replay.spill import Spill, episode_life
 from tests.factories import dataset_accounts
@@ -78,6 +82,22 @@ def test_a_killed_run_resumes_at_its_checkpointed_version(tiny_model_dir, tmp_pa
     files = f"{run}/episodes/*/*/*.parquet"
     last_batch = duckdb.sql(f"select max(batch_seq) from read_parquet('{files}') where life = '{taken['life']}'")
     assert last_batch.fetchall()[0][0] <= taken["after"]  # nothing past the checkpoint the resume went on from
+    # `tidal replay`: the learner of both lives re-run from its records, every version bit for bit
+    started_replay_ns = time.time_ns()
+    replayed = subprocess.run([sys.executable, "-m", "actors.cli", "replay", str(run), f"model.path={tiny_model_dir}",
+                               "--eval", str(version)], capture_output=True, text=True, timeout=400)
+    assert replayed.returncode == 0, replayed.stderr[-3000:]
+    assert f"versions 0..{checkpointed_version(run)} replayed, digests_equal=1.000" in replayed.stdout, replayed.stdout
+    # --eval: the replayed policy at the resume's version, played by the run's own evaluation
+    result = json.loads(next((run / "replays").glob("*/result.json")).read_text())
+    evaluation = result["evaluations"][0]
+    assert evaluation["version"] == version and 0.0 <= evaluation["recorded"]["nonloss"] <= 1.0, evaluation
+    evaluated = load_file(Path(evaluation["recorded"]["policy"]) / "model.safetensors")
+    recorded = next(e for e in read_ledger(ledger_path(run / "episodes", "main")) if e["version"] == version
+                    and e["kind"] == "update")
+    assert weights_digest(evaluated) == recorded["digest"]  # the policy evaluated is the one the run had
+    written = {p.relative_to(run).parts[0] for p in run.rglob("*") if p.stat().st_mtime_ns > started_replay_ns}
+    assert written <= {"replays"}, written  # a replay writes nothing into the run it reads
 
 
 def test_resume_names_what_is_missing(tmp_path):
