@@ -1,7 +1,7 @@
 """Environment hosting: can one env actor keep 1,000 episodes stepping faster than GEM's own vector env?
 
     python benchmarks/env_hosting.py [--quick] [--episodes 1000] [--steps 60000] [--rounds 3] [--transport memory|zmq]
-    python benchmarks/env_hosting.py --profile FILE [--steps 8000]   # the generation path under cProfile
+    python benchmarks/env_hosting.py --profile FILE [--steps 8000]   # where a generation-path move's time goes
     python benchmarks/env_hosting.py --floor [--quick]   # GEM against the generation path's own work in one loop
 
 Side by side, in one run, on the same GEM game (``game:GuessTheNumber-v0-easy``) and the same number of
@@ -10,18 +10,23 @@ environment steps, with a scripted policy (a random guess; no model):
 - GEM: ``AsyncVectorEnv`` (GEM's thread-pool vector env) of ``--episodes`` environments, stepped with a
   batch of actions at a time.
 - tidal: one ``EnvActor`` hosting ``--episodes`` concurrent episodes of the same game through the GEM
-  adapter, each a trio task, the same scripted policy (GEM's own random action) in the seat.
+  adapter, stepped in its lane group (``actors.env.lanes``), the same scripted policy (GEM's own random action)
+  in the seat.
 - tidal's generation path: the same episodes with every move asked of a scripted rollout actor over tidal's
   streams (tokenized prompt, generation requests many to a frame, completions, an Arrow episode to a sink), as
   in a training run.
+- the floor: the generation path's own work in one plain loop (``floor_steps_per_s``: no trio, actors or
+  sockets), what any structure around it in Python would still pay.
 
-The three take turns for ``--rounds`` rounds and the medians count (the machine's load changes; GEM's thousand
+The four take turns for ``--rounds`` rounds and the medians count (the machine's load changes; GEM's thousand
 threads suffer most from it). What the process loaded (torch, transformers, GEM) is frozen out of the garbage
 collector's reach before anything is timed, as an env actor does when it starts, so that GEM and tidal run alike.
 Then the steps/s of each tidal game and task on its own (random legal play, no actor).
-The last line is ``vs_gem=<x> generation_path_vs_gem=<x> tidal_steps_per_s=<n>``: tidal's steps/s over GEM's,
-the generation path's over GEM's, tidal's steps/s. ``--profile FILE``: only the generation path, under cProfile
-from its warm-up on, its top functions by own and by cumulative time printed and written to FILE.
+The last line is ``vs_gem=<x> generation_path_vs_gem=<x> generation_path_vs_floor=<x> tidal_steps_per_s=<n>``:
+tidal's steps/s over GEM's, the generation path's over GEM's and over the floor's, tidal's steps/s.
+``--profile FILE``: only the generation path, under cProfile from its warm-up on: the share of a move's time
+each part of the path takes (``PARTS``), then its top functions by own and by cumulative time, printed and
+written to FILE.
 """
 
 from __future__ import annotations
@@ -134,15 +139,17 @@ def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir:
 def floor_steps_per_s(episodes: int, steps: int, model_dir: Path) -> float:
     """The generation path's own work with every structure around it taken away: one plain loop over
     ``episodes`` lanes, each tick every lane's prompt encoded, all requests framed and unframed, answered by the
-    scripted rule, the completions framed and unframed and decoded in one batch, each lane's game stepped and its
-    row written, and the finished episodes' Arrow tables built. No trio, no actors, no sockets: what any
-    restructure of the path in Python (docs/notes/vectorised-episodes.md) would still pay per move."""
+    scripted rule, the completions framed and unframed and decoded in one batch, each completion's answer read in
+    the answer form (``boxed``, as the path's env actor reads it), each lane's game stepped and its row written,
+    and the finished episodes' Arrow tables built. No trio, no actors, no sockets: what any restructure of the path
+    in Python (docs/notes/vectorised-episodes.md) would still pay per move."""
     import itertools
 
     from transformers import AutoTokenizer
 
     import envs
     from actors.env.policy_client import TokenCodec
+    from envs.answers import read_answer
     from streams.messages import (GenerationRequest, decode_completions, decode_requests, encode_completions,
                                   encode_requests, split_completions, split_requests)
     from streams.schema import Columns, encode_episodes
@@ -166,7 +173,7 @@ def floor_steps_per_s(episodes: int, steps: int, model_dir: Path) -> float:
         texts = core.decode_batch([c.token_ids for c in completions], skip_special_tokens=True)
         finished = []
         for lane, (game, prompt, completion, text) in enumerate(zip(games, prompts, completions, texts)):
-            result = game.step(text)
+            result = game.step(read_answer(text, "boxed", boxes=True))
             rows[lane].append({
                 Columns.EPISODE_ID: str(lane), Columns.ENV_NAME: GEM_GAME, Columns.SEED: 0, Columns.POLICY_ID: "p",
                 Columns.CREATED_AT: 0.0, Columns.MATCHUP: "p", Columns.TURN: len(rows[lane]), Columns.AGENT: 0,
@@ -213,9 +220,49 @@ async def _random_play(name: str, seconds: float) -> float:
     return steps / (time.perf_counter() - start)
 
 
+# where a move's time goes: the parts of the path, each the files (a path's ending) whose own time it sums
+PARTS = (
+    ("lane group: the moves, rows as columns", ("actors/env/lanes.py", "actors/env/columns.py")),
+    ("the game (GEM and its adapter)", ("site-packages/gem/", "envs/single_agent.py", "envs/invalid.py",
+                                        "envs/gem_adapter.py", "gymnasium/")),
+    ("reading answers", ("envs/answers.py", "re/__init__.py", "re/_parser.py", "re/_compiler.py")),
+    ("prompts (render, tokenize, decode)", ("actors/models/chat.py", "tokenizers", "functools.py")),
+    ("requests and completions (frames)", ("streams/generation_messages.py", "streams/messages.py",
+                                           "actors/env/policy_client.py", "numpy/")),
+    ("Arrow episodes", ("streams/schema.py", "pyarrow/")),
+    ("streams (channels, frames' headers)", ("streams/endpoints.py", "streams/wire.py", "streams/memory_channels.py",
+                                             "streams/zmq_", "streams/stats.py", "zmq/")),
+    ("an episode's control (admission, delivery, matches)", ("actors/env/actor.py", "actors/env/admission.py",
+                                                              "actors/env/deliveries.py", "actors/env/matches.py",
+                                                              "actors/env/episode.py")),
+    ("the scripted rollout (shares the core)", ("actors/rollout/scripted.py", "benchmarks/env_hosting.py",
+                                                "random.py")),
+    ("trio's scheduler", ("site-packages/trio/", "site-packages/outcome/", "<attrs generated")),
+)
+
+
+def parts_of(stats, moves: int) -> list[tuple[str, float, float]]:
+    """(part, share of the profiled time, µs a move under the profiler) of each part, and the rest ("other"). A
+    builtin's own time (a list's append, a getattr) goes to the parts of its callers, as each called it."""
+    def part(file: str) -> str:
+        return next((name for name, ends in PARTS if any(end in file for end in ends)), "other")
+
+    totals = dict.fromkeys([name for name, _ in PARTS] + ["other"], 0.0)
+    for (file, _, _), (_, _, own, _, callers) in stats.stats.items():
+        if file != "~" or not callers:
+            totals[part(file)] += own
+            continue
+        called = sum(by_caller[2] for by_caller in callers.values()) or 1.0
+        for (caller_file, _, _), by_caller in callers.items():
+            totals[part(caller_file)] += own * by_caller[2] / called
+    whole = sum(totals.values()) or 1.0
+    return [(name, t / whole, 1e6 * t / max(moves, 1)) for name, t in sorted(totals.items(), key=lambda x: -x[1])]
+
+
 def profile_generation_path(episodes: int, steps: int, transport: str, model_dir: Path, top: int, path: Path) -> None:
-    """cProfile of the generation path's steady state (after the warm-up): the ``top`` functions by their own
-    time and by cumulative time, printed and written to ``path``."""
+    """cProfile of the generation path's steady state (after the warm-up): each part's share of a move's time
+    (``PARTS``), then the ``top`` functions by their own time and by cumulative time, printed and written to
+    ``path``."""
     import cProfile
     import io
     import pstats
@@ -223,7 +270,10 @@ def profile_generation_path(episodes: int, steps: int, transport: str, model_dir
     profile = cProfile.Profile()
     rate, _ = tidal_steps_per_s(episodes, steps, transport, model_dir, through_rollout=True, profile=profile)
     out = io.StringIO()
-    out.write(f"generation path, {episodes} episodes, {steps} steps under cProfile: {rate:,.0f} steps/s\n")
+    out.write(f"generation path, {episodes} episodes, {steps} steps under cProfile: {rate:,.0f} steps/s\n"
+              "where a move's time goes (own time of each part's functions; the profiler's cost included):\n")
+    for name, share, micros in parts_of(pstats.Stats(profile), steps):
+        out.write(f"  {share:6.1%}  {micros:7.1f} us a move  {name}\n")
     for order in ("tottime", "cumulative"):
         pstats.Stats(profile, stream=out).strip_dirs().sort_stats(order).print_stats(top)
     path.write_text(out.getvalue())
@@ -253,38 +303,47 @@ def main(argv=None) -> None:
     model_dir = ensure_base_model(cfg.model.cache_dir, tiny_model_config(cfg))
     import gem  # noqa: F401 (loaded before the freeze, as the env actors load it)
 
-    # An env actor freezes what it loaded (its first run, here): from then on no full collection walks torch and
-    # transformers, GEM's threads' included. Frozen before anything is timed, so that GEM and tidal run alike.
-    gc.freeze()
+    # An env actor freezes what it loaded and sets the collector's thresholds (its first run would, here): from then
+    # on no full collection walks torch and transformers, GEM's threads' included. Done before anything is timed, so
+    # that GEM, tidal and the floor run alike.
+    from actors.env.actor import freeze_what_is_loaded
+
+    freeze_what_is_loaded()
     if args.profile:
         return profile_generation_path(args.episodes, steps, args.transport, model_dir, 40, args.profile)
     if args.floor:
         return print_floor(args.episodes, steps, args.rounds, model_dir)
-    # GEM and both tidal paths take turns, so a change in the machine's load falls on all three; medians of the rounds
-    gem_rates, tidal_rates, path_rates = [], [], []
+    floor_steps_per_s(args.episodes, args.episodes, model_dir)  # untimed: what the floor's loop loads, then frozen
+    gc.collect()
+    gc.freeze()
+    # GEM, both tidal paths and the floor take turns, so a change in the machine's load falls on all; medians of rounds
+    gem_rates, tidal_rates, path_rates, floor_rates = [], [], [], []
     for round_ in range(args.rounds):
         gem_rates.append(gem_steps_per_s(args.episodes, steps))
         rate, stats = tidal_steps_per_s(args.episodes, steps, args.transport, model_dir, through_rollout=False)
         tidal_rates.append(rate)
         path_rate, path_stats = tidal_steps_per_s(args.episodes, steps, args.transport, model_dir, through_rollout=True)
         path_rates.append(path_rate)
+        floor_rates.append(floor_steps_per_s(args.episodes, steps, model_dir))
         per_frame = path_stats["turns"] / max(path_stats["request_frames"], 1)
         print(f"round {round_ + 1}: GEM AsyncVectorEnv {gem_rates[-1]:,.0f} steps/s, tidal EnvActor {rate:,.0f} "
               f"steps/s (ratio {rate / gem_rates[-1]:.2f}; {stats['episodes']} episodes, {stats['errored']} errored), "
               f"generation path {path_rate:,.0f} steps/s (ratio {path_rate / gem_rates[-1]:.2f}; "
-              f"{per_frame:.0f} requests a frame, {path_stats['errored']} errored)", flush=True)
+              f"{per_frame:.0f} requests a frame, {path_stats['errored']} errored), floor {floor_rates[-1]:,.0f} "
+              f"steps/s (path over floor {path_rate / floor_rates[-1]:.2f})", flush=True)
     gem_rate, tidal_rate = statistics.median(gem_rates), statistics.median(tidal_rates)
-    path_rate = statistics.median(path_rates)
+    path_rate, floor_rate = statistics.median(path_rates), statistics.median(floor_rates)
     print(f"GEM AsyncVectorEnv, {args.episodes} envs of {GEM_GAME}: {gem_rate:,.0f} steps/s (median)")
     print(f"tidal EnvActor, {args.episodes} live episodes of gem:{GEM_GAME}, scripted player in the seat: "
           f"{tidal_rate:,.0f} steps/s (median)")
     print(f"tidal EnvActor, the same, every move asked of a scripted rollout over {args.transport} streams "
           f"(tokenize, request, completion, Arrow episode): {path_rate:,.0f} steps/s (median; "
           f"{path_stats['prompt_cache_hits']} prompt-cache hits in the last round)", flush=True)
+    print(f"the floor: the generation path's own work in one plain loop: {floor_rate:,.0f} steps/s (median)")
     for name, rate in game_steps_per_s(1.0 if args.quick else 3.0).items():
         print(f"  {name:<14} {rate:>10,.0f} steps/s (rules alone, random legal play)")
     print(f"vs_gem={tidal_rate / gem_rate:.2f} generation_path_vs_gem={path_rate / gem_rate:.2f} "
-          f"tidal_steps_per_s={tidal_rate:.0f}")
+          f"generation_path_vs_floor={path_rate / floor_rate:.2f} tidal_steps_per_s={tidal_rate:.0f}")
 
 
 def print_floor(episodes: int, steps: int, rounds: int, model_dir: Path) -> None:

@@ -2,7 +2,8 @@
 
 They mirror the ZeroMQ channels: a bounded queue (a "mailbox") per receiver address, senders round-robin over
 their addresses skipping full mailboxes and wait when all are full (the room in a mailbox plays the part of
-ZeroMQ's credits; nothing is lost in memory, so there is nothing to acknowledge or send again), publishers
+ZeroMQ's credits; nothing is lost in memory, so there is nothing to acknowledge or send again), a send or receive
+that need not wait yields once every ``YIELD_EVERY`` calls (each is a cancellation point), publishers
 drop for a full subscriber and count it. A sender may connect to an address before anything is bound there: messages queue at that address
 (up to the capacity) and are delivered once a receiver binds it, as ZeroMQ does. Addresses are only known
 within one MemoryTransport: the in-process mode shares one instance between all actors.
@@ -17,7 +18,7 @@ from collections import defaultdict, deque
 import trio
 
 from streams.stats import count_received, count_sent, new_stats
-from streams.wire import ZERO_COPY_BYTES
+from streams.wire import YIELD_EVERY, ZERO_COPY_BYTES
 
 
 class _Mailbox:
@@ -28,6 +29,7 @@ class _Mailbox:
         self._queue: deque[list] = deque()
         self._nonempty = trio.lowlevel.ParkingLot()
         self._space_freed = space_freed
+        self._gets = 0
 
     def put_nowait(self, parts: list) -> bool:
         if len(self._queue) >= self.capacity:
@@ -37,7 +39,11 @@ class _Mailbox:
         return True
 
     async def get(self) -> list:
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._queue:
+            self._gets += 1
+            if self._gets % YIELD_EVERY == 0:
+                await trio.lowlevel.cancel_shielded_checkpoint()
         while not self._queue:
             await self._nonempty.park()
         if self._space_freed is not None:
@@ -57,9 +63,13 @@ class MemorySender:
         self._addresses: list[str] = []
         self._next = 0
         self._stats = new_stats()
+        self._calls = 0
 
     async def send(self, parts: list[bytes]) -> None:
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._calls += 1
+        if self._calls % YIELD_EVERY == 0:
+            await trio.lowlevel.cancel_shielded_checkpoint()
         message, started = _shared(parts), None
         while not self._put_nowait(message):
             if started is None:

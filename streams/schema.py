@@ -106,11 +106,21 @@ def trajectory_table(rows: list[dict]) -> pa.Table:
     for index, row in enumerate(rows):
         if row.keys() != expected and not required <= row.keys() <= expected:
             raise SchemaError(f"trajectory row {index}: {_difference(set(row) | set(OPTIONAL), expected)}")
+    return columns_table({name: [row.get(name, OPTIONAL.get(name)) for row in rows] for name in NAMES})
+
+
+def columns_table(columns: dict[str, list]) -> pa.Table:
+    """Build a table with exactly TRAJECTORY_SCHEMA from one list of values per column (every name of `Columns`,
+    the lists of one length): what an env actor keeps an episode's rows as (``actors.env.columns``)."""
+    if columns.keys() != set(NAMES):
+        raise SchemaError(f"trajectory columns: {_difference(set(columns), set(NAMES))}")
+    if len({len(values) for values in columns.values()}) > 1:
+        raise SchemaError("trajectory columns of different lengths")
     try:
-        columns = [_column([row.get(name, OPTIONAL.get(name)) for row in rows], kind) for name, kind in FIELDS]
+        arrays = [_column(columns[name], kind) for name, kind in FIELDS]
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
         raise SchemaError(f"trajectory rows do not fit the schema: {error}") from error
-    return pa.Table.from_arrays(columns, schema=TRAJECTORY_SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=TRAJECTORY_SCHEMA)
 
 
 _PACKED = {pa.list_(pa.int32()): "<i4", pa.list_(pa.float32()): "<f4"}  # list columns of 4-byte numbers
@@ -156,12 +166,28 @@ def encode_episodes(episodes: list[list[dict]]) -> list[bytes]:
     rows = [row for episode in episodes for row in episode]
     if not rows:
         return [encode_table(trajectory_table([])) for _ in episodes]
-    (batch,) = trajectory_table(rows).combine_chunks().to_batches()
+    return _sliced(trajectory_table(rows), [len(episode) for episode in episodes])
+
+
+def encode_episode_columns(episodes: list[dict[str, list]]) -> list[bytes]:
+    """``encode_episodes`` for episodes kept as columns (``columns_table``'s): each episode's frame body, the
+    batch's columns joined and built once."""
+    if len(episodes) == 1:
+        return _sliced(columns_table(episodes[0]), [len(episodes[0][Columns.TURN])])
+    joined = {name: [value for episode in episodes for value in episode[name]] for name in NAMES}
+    return _sliced(columns_table(joined), [len(episode[Columns.TURN]) for episode in episodes])
+
+
+def _sliced(table: pa.Table, lengths: list[int]) -> list[bytes]:
+    """One IPC stream per run of ``lengths`` rows of ``table``."""
+    if not table.num_rows:
+        return [encode_table(table) for _ in lengths]
+    (batch,) = table.combine_chunks().to_batches()
     bodies, start = [], 0
-    for episode in episodes:
-        bodies.append(b"".join((_SCHEMA_MESSAGE, batch.slice(start, len(episode)).serialize().to_pybytes(),
+    for length in lengths:
+        bodies.append(b"".join((_SCHEMA_MESSAGE, batch.slice(start, length).serialize().to_pybytes(),
                                 _END_OF_STREAM)))
-        start += len(episode)
+        start += length
     return bodies
 
 

@@ -18,9 +18,8 @@ import trio
 import zmq
 
 from streams.stats import count_received, count_sent, new_stats
-from streams.wire import ZERO_COPY_BYTES
+from streams.wire import YIELD_EVERY, ZERO_COPY_BYTES
 
-YIELD_EVERY = 16
 # the flags as plain ints: an operation on pyzmq's enum flags builds a new enum member, per message
 _NOBLOCK, _SNDMORE, _POLLIN = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.POLLIN)
 REBIND_WAIT_S = 5.0  # how long an endpoint reopened at a given address waits for the old socket to let it go

@@ -1,8 +1,9 @@
-"""EnvActor: runs many live episodes, each a trio task, and asks rollout actors for the policy's moves.
+"""EnvActor: runs many live episodes, stepped together in a lane group, and asks rollout actors for the policy's moves.
 
-It composes four parts, each in its own module:
+It composes five parts, each in its own module:
 
-- ``actors.env.episode``: what one episode does (``play_episode``), given a game, its seats and a policy;
+- ``actors.env.lanes``: every live episode stepped by one task (``LaneGroup``), each in a lane: a tick plays every
+  move answered and asks every seat that waits, together; a finished episode's rows are columns already;
 - ``actors.env.policy_client``: the policy's moves asked of the rollout actors (``PolicyClient``);
 - ``actors.env.admission``: when a training episode may start, so that none falls too far behind the learner;
 - ``actors.env.matches``: where a training match comes from (self-play, or the league), chosen in ``run``.
@@ -28,6 +29,7 @@ reward actor.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import logging
@@ -35,16 +37,18 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import trio
 
 from actors.env.admission import Admission
 from actors.env.deliveries import Deliveries
-from actors.env.episode import EpisodeCounts, EpisodeSettings, move_token_budget, play_episode
+from actors.env.episode import EpisodeCounts, move_token_budget
+from actors.env.lanes import EpisodeSettings, LaneGroup, Played
 from actors.env.evaluation import EvaluationTally
 from actors.env.face import EnvStatistics
-from actors.env.policy_client import REQUEST_DEADLINE_S, PolicyClient, TokenCodec, by_member, open_policy_client
+from actors.env.policy_client import (REQUEST_DEADLINE_S, Answers, PolicyClient, TokenCodec, by_member,
+                                      open_policy_client)
 from actors.models.chat import PromptRenderer, prompt_format
 from actors.league.matchmaking import WEIGHTINGS, Payoff
 from actors.env.matches import Match, MatchSource, SelfPlayMatches, open_league_matches, seated, uniform_seats
@@ -123,15 +127,21 @@ class EnvConfig:
 
 
 _FROZEN = []  # set once this process has frozen what it loaded
+# The collector's thresholds in an env actor's process: a young collection once every this many allocations, not
+# 700 (Python's default). A thousand live episodes keep every object of theirs alive across a few moves, so at the
+# default most of them were walked again by older collections: a third of a generation-path move's time.
+GC_THRESHOLDS = (20_000, 10, 10)
 
 
-def _freeze_what_is_loaded() -> None:
+def freeze_what_is_loaded() -> None:
     """Once a process: what is loaded by now (transformers, torch, the games) lives as long as the process, so it
     goes out of the collector's reach (``gc.freeze``, after a collection: no garbage is frozen with it), and a full
-    collection no longer walks it: a third of the generation path's time went to those walks."""
+    collection no longer walks it: a third of the generation path's time went to those walks. From then on the
+    collector runs at ``GC_THRESHOLDS``."""
     if not _FROZEN:
         gc.collect()
         gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
         _FROZEN.append(True)
 
 
@@ -155,6 +165,8 @@ class EnvActor:
         self._evaluations: dict[str, EvaluationTally] = {}
         self._training_on = trio.Event()  # set while training episodes may start
         self._training_in_flight = 0
+        self._place_freed = trio.Event()  # set when a training episode in flight is done
+        self._episodes_done = Answers()  # training episodes delivered (by learner) or given back (None), to finish
         self._drained = False  # set by ``retire`` once every episode it started is delivered or given back
         self._policy: PolicyClient | None = None
         self._matches: MatchSource | None = None
@@ -166,7 +178,7 @@ class EnvActor:
 
         cfg = self.cfg
         tokenizer = await trio.to_thread.run_sync(AutoTokenizer.from_pretrained, cfg.tokenizer_path)
-        _freeze_what_is_loaded()
+        freeze_what_is_loaded()
         self.codec = TokenCodec(tokenizer)
         budget = move_token_budget(self._idle_games[0], self.codec, cfg.max_new_tokens)
         self._settings = EpisodeSettings(cfg.env_name, budget, cfg.max_prompt_tokens, prompt=cfg.prompt_format,
@@ -188,10 +200,13 @@ class EnvActor:
             trio.open_nursery() as nursery,
         ):
             self._episodes = episodes  # per member: its reward actor
-            self._deliveries = Deliveries(episodes)  # episodes to them, a batch of tables at a time
+            self._deliveries = Deliveries(episodes, self._delivered)  # episodes to them, a batch of tables at a time
             nursery.start_soon(self._deliveries.run)
+            nursery.start_soon(self._finish_training, matches)
             self._versions_inbox = Inbox(versions, Kind.VERSION, VersionAnnounced.from_body, topic=True)
             self._policy, self._matches, self._nursery = policy, matches, nursery
+            self._lanes = LaneGroup(policy, self.codec, self._settings, self._counts)  # every episode's moves
+            nursery.start_soon(self._lanes.run)
             nursery.start_soon(self._admission.follow_versions, self._versions_inbox)
             self._dropped_inbox = Inbox(dropped, Kind.DROPPED, EpisodeDropped.from_body, topic=True)
             nursery.start_soon(self._follow_drops, self._dropped_inbox)
@@ -273,7 +288,11 @@ class EnvActor:
         matches = ((seat, seated(player, seat, opponent, self._num_players))
                    for _ in range(games_per_seat) for seat in seats)
         workers = min(self.cfg.concurrency, games_per_seat * len(seats))
-        self._nursery.start_soon(self._evaluate, tally, matches, workers)
+        if not workers:
+            tally.finish()
+        left = [workers]
+        for _ in range(workers):
+            self._evaluate_next(tally, matches, left)
 
     def set_rollouts(self, addresses: list[str], member: str | None = None) -> None:
         """Send ``member``'s (default: this actor's own policy's) requests to these rollout actors from now on
@@ -332,90 +351,103 @@ class EnvActor:
     # -- episodes --------------------------------------------------------------------------------------
 
     async def _train(self, matches: MatchSource) -> None:
-        """Start training episodes, ``concurrency`` at a time, while training is on and admission allows."""
-        slots = trio.Semaphore(self.cfg.concurrency)
-        async with trio.open_nursery() as nursery:
-            while True:
-                await self._training_on.wait()
-                await slots.acquire()
-                while True:  # every free slot at once (no yield between starts: their first moves ask together)
-                    # decided once the slot is free: training may have stopped, or the shares moved, meanwhile
-                    if not self._training_on.is_set():
-                        slots.release()
-                        break
-                    admitted = self._admission.admitted()
-                    if not admitted:
-                        slots.release()
-                        await self._admission.wait_for_change()
-                        break
-                    match = await matches.next(admitted)
-                    self._admission.started(match.learner)
-                    self._training_in_flight += 1
-                    nursery.start_soon(self._train_one, slots, matches, match)
-                    try:
-                        slots.acquire_nowait()
-                    except trio.WouldBlock:
-                        break
+        """Start training episodes, up to ``concurrency`` in flight, while training is on and admission allows; each
+        goes on in a lane of the group, and from its end (``_trained``) to its delivery and ``_finish_training``."""
+        while True:
+            await self._training_on.wait()
+            while True:  # every free place at once (no yield between starts: their first moves ask together)
+                if not self._training_on.is_set():
+                    break
+                if self._training_in_flight >= self.cfg.concurrency:
+                    self._place_freed = trio.Event()
+                    await self._place_freed.wait()
+                    break
+                admitted = self._admission.admitted()
+                if not admitted:
+                    await self._admission.wait_for_change()
+                    break
+                match = await matches.next(admitted)
+                self._admission.started(match.learner)
+                self._training_in_flight += 1
+                self._start(match.seats, match.learner, functools.partial(self._trained, match))
 
-    async def _train_one(self, slots: trio.Semaphore, matches: MatchSource, match: Match) -> None:
-        try:
-            played = await self._play(match.seats, match.learner)
-            if played is not None and played[0]:
-                await self._deliver(match, *played)
-            else:  # errored, or over before the learner's turn (an opponent's forfeit with more than two
-                # players): never consumed, so it gives its admission back
-                self._admission.given_back(match.learner, "errored" if played is None else "without_rows")
-                self._training["train_episodes_without_rows"] += played is not None
-            await matches.finished(match, played)
-        finally:
-            self._training_in_flight -= 1
-            slots.release()
+    def _trained(self, match: Match, played: Played) -> None:
+        """A training episode's end (on the group's tick): its rows to the learner's reward actor, or, errored or
+        over before the learner's turn (an opponent's forfeit with more than two players), never consumed: its
+        admission given back."""
+        if played is not None and played[0]:
+            columns, returns = played
+            policy_returns = [r for r, who in zip(returns, match.seats) if who == match.learner]
+            self._training["train_episodes"] += 1
+            self._training["train_return_sum"] += sum(policy_returns) / len(policy_returns)
+            self._deliveries.post(match.learner, columns.table_columns(), (match, played))
+            return
+        self._admission.given_back(match.learner, "errored" if played is None else "without_rows")
+        self._training["train_episodes_without_rows"] += played is not None
+        self._episodes_done.put(None, (match, played))
 
-    async def _deliver(self, match: Match, rows: list[dict], returns: list[float]) -> None:
-        """The learner's rows to its reward actor (and the ledger)."""
-        policy_returns = [r for r, who in zip(returns, match.seats) if who == match.learner]
-        self._training["train_episodes"] += 1
-        self._training["train_return_sum"] += sum(policy_returns) / len(policy_returns)
-        await self._deliveries.deliver(match.learner, rows)
-        if self.cfg.ledger_dir:
-            await self._record_delivery(match.learner, rows[0][Columns.EPISODE_ID])
+    def _delivered(self, learner: str, sent: list[tuple[tuple[Match, Played], Exception | None]]) -> None:
+        for (match, played), failure in sent:
+            self._episodes_done.put(learner, (match, played) if failure is None else failure)
 
-    async def _record_delivery(self, learner: str, episode_id: str) -> None:
-        await self._episodes[learner].channel.drain()  # the reward actor has it, and replay before it acknowledged
-        append_line(f"{self.cfg.ledger_dir}/{self.name}.txt", episode_id)  # whole lines, even on a full disk
+    async def _finish_training(self, matches: MatchSource) -> None:
+        """Training episodes delivered or given back, a batch at a time: the delivered ones in the ledger once their
+        reward actor has them, every one told to the match source, and its place in flight freed."""
+        while True:
+            await self._episodes_done.wait()
+            done = self._episodes_done.take()
+            if self.cfg.ledger_dir:
+                delivered = [(learner, finished[1][0].shared[Columns.EPISODE_ID]) for learner, finished in done
+                             if learner is not None and not isinstance(finished, Exception)]
+                for learner in dict.fromkeys(learner for learner, _ in delivered):
+                    await self._episodes[learner].channel.drain()  # the reward actor has them, and replay before
+                    # it acknowledged: then the ledger's lines (whole lines, even on a full disk)
+                    for who, episode_id in delivered:
+                        if who == learner:
+                            append_line(f"{self.cfg.ledger_dir}/{self.name}.txt", episode_id)
+            for _, finished in done:
+                if isinstance(finished, Exception):  # rows that do not fit the schema: a bug, raised here
+                    raise finished
+                await matches.finished(*finished)
+                self._training_in_flight -= 1
+                self._place_freed.set()
 
-    async def _evaluate(self, tally: EvaluationTally, matches: Iterator[tuple[int, list[str]]], workers: int) -> None:
-        """``workers`` long-lived tasks share ``matches``: each plays the next one as soon as its game ends, so
-        every match is played exactly once, at most ``workers`` at a time, with no task started per game."""
+    def _evaluate_next(self, tally: EvaluationTally, matches: Iterator[tuple[int, list[str]]], left: list[int]) -> None:
+        """The next match of an evaluation in a lane, or, none left, one player fewer (``left``: how many are still
+        playing); the last one finishes the tally. So every match is played exactly once, at most ``workers`` at a
+        time, each started as the one before it ends."""
+        match = next(matches, None)
+        if match is None:
+            left[0] -= 1
+            if not left[0]:
+                tally.finish()
+            return
+        seat, seats = match
+        self._start(seats, seats[seat], functools.partial(self._evaluated, tally, matches, left, seat))
 
-        async def worker():
-            for seat, seats in matches:  # next() never awaits: no two workers take the same match
-                played = await self._play(seats, learner=seats[seat])
-                if played is not None:  # an errored game is counted in statistics()["errored"], not as a result
-                    tally.add(seat, played[1], played[0])
+    def _evaluated(self, tally: EvaluationTally, matches: Iterator, left: list[int], seat: int, played: Played) -> None:
+        if played is not None:  # an errored game is counted in statistics()["errored"], not as a result
+            tally.add(seat, played[1], played[0])
+        self._evaluate_next(tally, matches, left)
 
-        async with trio.open_nursery() as nursery:
-            for _ in range(workers):
-                nursery.start_soon(worker)
-        tally.finish()
-
-    async def _play(self, seats: list[str], learner: str) -> tuple[list[dict], list[float]] | None:
-        """One episode (``play_episode``) on an idle game: a finished game is reset and reused (making one can
+    def _start(self, seats: list[str], learner: str, ended: Callable[[Played], None]) -> None:
+        """One episode in a lane of the group, on an idle game: a finished game is reset and reused (making one can
         cost more than playing it); one that raised is not."""
         seed = self._rng.randrange(2**31)
         game = self._idle_games.pop() if self._idle_games else self._make_game()
-        played = await play_episode(game, seats, self._policy.generate, self.codec, self._settings,
-                                    episode_id=self.episode_id(), seed=seed,
-                                    learner=learner, counts=self._counts)
-        if played is not None:
-            self._idle_games.append(game)
-        return played
+
+        def game_back(played: Played) -> None:
+            if played is not None:
+                self._idle_games.append(game)
+            ended(played)
+
+        self._lanes.start(game, seats, episode_id=self.episode_id(), seed=seed, learner=learner, ended=game_back)
 
     def episode_id(self) -> str:
         """A new episode's id, ``<life>/<name>-<incarnation>-<n>``: never the same twice in a run directory."""
         return f"{self._id_prefix}{next(self._ids)}"
 
-    @property
+    @functools.cached_property
     def _id_prefix(self) -> str:
         """What the ids of this actor's episodes (this incarnation's, in this life of the run) begin with."""
         own = f"{self.name}-{self.cfg.incarnation}-"

@@ -1,26 +1,31 @@
 """Finished training episodes to their learner's reward actor, a batch at a time.
 
-Episodes that finish while the previous batch is being sent wait together; their rows become one Arrow table
-(``schema.encode_episodes``: Arrow's fixed cost per column is paid once a batch, not once an episode), sliced
+Episodes that finish while the previous batch is being sent wait together; their columns (``actors.env.columns``)
+become one Arrow table (``schema.encode_episode_columns``: Arrow's fixed cost per column is paid once a batch, not
+once an episode; no row is ever a dict), sliced
 into one IPC stream per episode. What is on the wire is unchanged: one frame an episode, the reward actor's unit
-of acknowledgement, sent in the order the episodes finished. ``deliver`` returns once its episode's frame is
-sent (the stream's credit taken, as a direct send would), so backpressure and the ledger hold as before.
+of acknowledgement, sent in the order the episodes finished. ``post`` returns at once; ``sent`` is called with each
+batch's episodes once their frames are sent (the stream's credit taken, as a direct send would), so backpressure
+and the ledger hold as before.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import trio
 
 from streams.endpoints import Outbox
-from streams.schema import encode_episodes
+from streams.schema import encode_episode_columns
 
 
 class Deliveries:
-    """Per learning member, a queue of finished episodes and the task that sends them (``run``)."""
+    """Per learning member, a queue of finished episodes and the task that sends them (``run``); ``sent`` is told
+    of each batch sent: ``(member, [(item, None or the episode's SchemaError)])``, ``item`` as it was posted."""
 
-    def __init__(self, outboxes: dict[str, Outbox]):
-        self._outboxes = outboxes
-        self._pending: dict[str, list[tuple[list[dict], trio.Event, list]]] = {m: [] for m in outboxes}
+    def __init__(self, outboxes: dict[str, Outbox], sent: Callable[[str, list[tuple[object, Exception | None]]], None]):
+        self._outboxes, self._sent = outboxes, sent
+        self._pending: dict[str, list[tuple[dict[str, list], object]]] = {m: [] for m in outboxes}
         self._wake = {member: trio.Event() for member in outboxes}
         self.counts = {"delivery_batches": 0}
 
@@ -29,15 +34,11 @@ class Deliveries:
             for member in self._outboxes:
                 nursery.start_soon(self._send, member)
 
-    async def deliver(self, learner: str, rows: list[dict]) -> None:
-        """Send the episode's ``rows`` (one frame); returns once it is sent. SchemaError for rows that do not fit
-        the schema (that episode's only: the others of its batch go out)."""
-        done, failure = trio.Event(), []
-        self._pending[learner].append((rows, done, failure))
+    def post(self, learner: str, columns: dict[str, list], item) -> None:
+        """Send an episode's rows (its ``columns``: every column's values; one frame) in the next batch. SchemaError
+        for rows that do not fit the schema is the episode's only: the others of its batch go out."""
+        self._pending[learner].append((columns, item))
         self._wake[learner].set()
-        await done.wait()
-        if failure:
-            raise failure[0]
 
     async def _send(self, member: str) -> None:
         outbox = self._outboxes[member]
@@ -46,26 +47,28 @@ class Deliveries:
             self._wake[member] = trio.Event()
             batch, self._pending[member] = self._pending[member], []
             self.counts["delivery_batches"] += 1
-            for (_, done, failure), body in zip(batch, _encoded([rows for rows, _, _ in batch])):
-                try:
+            sent = []
+            try:
+                for (_, item), body in zip(batch, _encoded([columns for columns, _ in batch])):
                     if isinstance(body, Exception):
-                        failure.append(body)
+                        sent.append((item, body))
                     else:
                         await outbox.send(body)
-                finally:
-                    done.set()
+                        sent.append((item, None))
+            finally:
+                self._sent(member, sent)
 
 
-def _encoded(episodes: list[list[dict]]) -> list[bytes | Exception]:
+def _encoded(episodes: list[dict[str, list]]) -> list[bytes | Exception]:
     """Each episode's frame body; where the batch does not fit the schema, each episode on its own, so that the
     error is the bad episode's."""
     try:
-        return encode_episodes(episodes)
+        return encode_episode_columns(episodes)
     except Exception:
         results = []
-        for rows in episodes:
+        for columns in episodes:
             try:
-                results.extend(encode_episodes([rows]))
+                results.extend(encode_episode_columns([columns]))
             except Exception as error:
                 results.append(error)
         return results

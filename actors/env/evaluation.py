@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from streams.schema import Columns
-
 
 class EvaluationTally:
     """Wins, draws, losses and games with an invalid action, per seat, and the oldest and newest policy
@@ -16,7 +14,9 @@ class EvaluationTally:
         self.version_max: int | None = None
         self.done = False
 
-    def add(self, seat: int, returns: list[float], rows: list[dict]) -> None:
+    def add(self, seat: int, returns: list[float], columns) -> None:
+        """A game with the player in ``seat``: every seat's return, and the player's rows (its episode's columns,
+        ``actors.env.columns``: their ``invalid`` and ``versions``)."""
         counts = self.per_seat.get(seat)
         if counts is None:
             counts = self.per_seat[seat] = {"games": 0, "wins": 0, "draws": 0, "losses": 0, "invalid": 0}
@@ -24,11 +24,10 @@ class EvaluationTally:
         # alone in the game (a single-agent task), a positive return is a win
         mine, best_other = returns[seat], max((r for s, r in enumerate(returns) if s != seat), default=0.0)
         counts["wins" if mine > best_other else "losses" if mine < best_other else "draws"] += 1
-        counts["invalid"] += any(row[Columns.INVALID_ACTION] for row in rows)
-        for row in rows:
-            versions = row[Columns.POLICY_VERSIONS]
-            if versions:
-                self._see_versions(min(versions), max(versions))
+        counts["invalid"] += any(columns.invalid)
+        for tokens in columns.versions:
+            if tokens:
+                self._see_versions(min(tokens), max(tokens))
 
     def _see_versions(self, low: int, high: int) -> None:
         if self.version_min is None:

@@ -25,12 +25,11 @@ from typing import AsyncIterator, Protocol
 
 import trio
 
+from actors.env.lanes import Played  # an episode's trained rows and returns; None: it errored
 from actors.league.matchmaking import Payoff, draw, pairwise_scores, pfsp_probabilities
 from streams.endpoints import Inbox, Outbox
 from streams.messages import MatchAssigned, MatchRequest, MatchResult
 from streams.wire import FRAME_LIMITS, Kind
-
-Played = tuple[list[dict], list[float]] | None  # an episode's rows and returns; None: it errored
 
 
 class Match(Protocol):

@@ -23,6 +23,7 @@ for ever.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import itertools
@@ -66,14 +67,43 @@ async def open_policy_client(transport, rollouts: dict[str, list[str]], *, name:
                               temperature=temperature, min_version=min_version, incarnation=incarnation,
                               request_deadline_s=request_deadline_s)
         nursery.start_soon(client.route_completions)
+        nursery.start_soon(client.keep_deadlines)
         for group in requests:
             nursery.start_soon(client.send_requests, group)
         yield client
         nursery.cancel_scope.cancel()
 
 
+class Answers:
+    """Where answers land for whoever asked: (token, value) pairs, taken all at once (``take``), and a wake-up
+    when the first lands. A lane group keeps one for every answer it waits on (``actors.env.lanes``)."""
+
+    def __init__(self):
+        self.ready: list[tuple[object, object]] = []
+        self._wake = trio.Event()
+
+    def put(self, token, value) -> None:
+        self.ready.append((token, value))
+        self._wake.set()
+
+    async def wait(self) -> None:
+        """Until something is ready (a checkpoint, if it is)."""
+        if self.ready:
+            await trio.lowlevel.checkpoint()
+        else:
+            await self._wake.wait()
+
+    def take(self) -> list[tuple[object, object]]:
+        ready, self.ready = self.ready, []
+        if self._wake.is_set():
+            self._wake = trio.Event()
+        return ready
+
+
 class PolicyClient:
-    """Generation requests out, completions back to the episode that waits on each (see the module)."""
+    """Generation requests out, completions back to whoever asked (see the module): ``post`` asks and returns at
+    once, and the completion (or the error: ``GenerationRefused``, ``CompletionLost``) is put in the asker's
+    ``Answers`` with its token; ``generate`` asks and waits for one."""
 
     def __init__(self, requests: dict[str, Outbox], completions: Inbox, reply_to: str, nursery, *, own: str,
                  rollouts: dict[str, list[str]], temperature: float, min_version: Callable[[str], int],
@@ -86,45 +116,85 @@ class PolicyClient:
         self._rollouts = {m: list(a) for m, a in rollouts.items()}  # each group's actors: a scale changes them
         self._temperature, self._min_version = temperature, min_version
         self._request_ids = itertools.count(incarnation << 40)  # apart from any predecessor's
-        self._waiting: dict[int, tuple[trio.Event, list, GenerationRequest, str]] = {}  # id -> (done, completion,
-        # request, group)
+        # id -> (where its answer goes, its token there, the request, its group), until answered or given up
+        self._waiting: dict[int, tuple[Answers, object, GenerationRequest, str]] = {}
+        # (when, id, attempt) of every request sent: in the order they fall due, as every request has one deadline
+        self._deadlines: collections.deque[tuple[float, int, int]] = collections.deque()
+        self._deadline_posted = trio.Event()
         self._pending: dict[str, list[tuple[GenerationRequest, bool]]] = {group: [] for group in requests}  # to send,
         self._wake = {group: trio.Event() for group in requests}  # and whether each is a reissue
         self.counts = {"reissued_requests": 0, "duplicate_completions": 0, "request_frames": 0,
                        "completion_frames": 0}
 
-    async def generate(self, prompt_ids: list[int], max_tokens: int, policy: str) -> Completion:
-        """A completion from ``policy``'s rollout group: a live member's at least at the version this actor
-        knows of; a snapshot's (frozen) from its member's group, at any version."""
+    def post(self, answers: Answers, token, prompt_ids: list[int], max_tokens: int, policy: str) -> int:
+        """Ask ``policy``'s rollout group for a completion (a live member's at least at the version this actor
+        knows of; a snapshot's, frozen, from its member's group at any version), answered into ``answers`` with
+        ``token``; returns the request's id (``cancel`` forgets it). GenerationRefused: no rollout could take it."""
         if not prompt_ids or not 0 < max_tokens <= MAX_NEW_TOKENS:  # a frame with such a request would be refused
             raise GenerationRefused(f"no request is sent for a prompt of {len(prompt_ids)} tokens and a budget of "
                                     f"{max_tokens} new tokens (1 to {MAX_NEW_TOKENS})")  # whole: its episode drops
-        request_id = next(self._request_ids)
-        done, slot = trio.Event(), []
         snapshot = parse_snapshot_id(policy) if policy not in self._requests else None
         group = snapshot[0] if snapshot else policy
         if group not in self._requests:
             raise ValueError(f"no rollout group serves policy {policy!r} (groups: {sorted(self._requests)})")
+        request_id = next(self._request_ids)
         request = GenerationRequest(request_id, self.reply_to, policy, prompt_ids, self._temperature, max_tokens,
                                     0 if snapshot else self._min_version(policy))
-        self._waiting[request_id] = (done, slot, request, group)
-        self._post(group, request, False)
+        self._waiting[request_id] = (answers, token, request, group)
+        self._post(group, request, False)  # its deadline runs from when it is sent (``send_requests``)
+        return request_id
+
+    def cancel(self, request_id: int) -> None:
+        """Forget a request: its answer, if one comes, is dropped as a stray (the episode that asked has ended)."""
+        self._waiting.pop(request_id, None)
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int, policy: str) -> Completion:
+        """One completion (``post``, then wait for its answer): raises what the answer is instead, if an error."""
+        answers = Answers()
+        request_id = self.post(answers, None, prompt_ids, max_tokens, policy)
         try:
-            for attempt in range(2):
-                with trio.move_on_after(self._deadline_s):
-                    await done.wait()
-                if done.is_set():
-                    break
-                if attempt == 0:  # lost on its way there or back, or only slow: once more (two answers count once)
-                    self._post(group, request, True)
-            else:
-                raise CompletionLost(f"generation request {request_id} to {group} unanswered for twice its deadline "
-                                     f"of {self._deadline_s:g} s (sent again once)")
+            await answers.wait()
         finally:
-            self._waiting.pop(request_id, None)
-        if slot[0].error:
-            raise GenerationRefused(f"the rollout actor refused generation request {request_id}: {slot[0].error}")
-        return slot[0]
+            self.cancel(request_id)
+        ((_, value),) = answers.take()
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    async def keep_deadlines(self) -> None:
+        """A request unanswered past its deadline is sent again, once; unanswered a second deadline later, its
+        asker is answered ``CompletionLost``."""
+        deadlines = self._deadlines
+        while True:
+            if not deadlines:
+                self._deadline_posted = trio.Event()
+                await self._deadline_posted.wait()
+                continue
+            due, request_id, attempt = deadlines[0]
+            if request_id in self._waiting:
+                await trio.sleep_until(due)
+            deadlines.popleft()
+            waiter = self._waiting.get(request_id)
+            if waiter is None:  # answered, or its asker gone
+                continue
+            answers, token, request, group = waiter
+            if attempt == 0:  # lost on its way there or back, or only slow: once more (two answers count once)
+                deadlines.append((trio.current_time() + self._deadline_s, request_id, 1))
+                self._post(group, request, True)
+            else:
+                del self._waiting[request_id]
+                answers.put(token, CompletionLost(
+                    f"generation request {request_id} to {group} unanswered for twice its deadline of "
+                    f"{self._deadline_s:g} s (sent again once)"))
+
+    def _start_deadlines(self, request_ids: list[int]) -> None:
+        """The first deadline of each of these requests, sent now (one clock reading for a frame's worth)."""
+        if not request_ids:
+            return
+        if not self._deadlines:
+            self._deadline_posted.set()
+        due = trio.current_time() + self._deadline_s
+        self._deadlines.extend([(due, request_id, 0) for request_id in request_ids])
 
     def _post(self, group: str, request: GenerationRequest, reissue: bool) -> None:
         self._pending[group].append((request, reissue))
@@ -143,23 +213,29 @@ class PolicyClient:
                     break
             self._wake[group] = trio.Event()
             posted, self._pending[group] = self._pending[group], []
-            unanswered = [(r, again) for r, again in posted if not self._waiting.get(r.request_id, (0, True))[1]]
+            waiting = self._waiting
+            unanswered = [(r, again) for r, again in posted if r.request_id in waiting]
+            self._start_deadlines([r.request_id for r, again in unanswered if not again])
             for batch in split_requests([request for request, _ in unanswered]):
                 await outbox.send(encode_requests(batch))
                 self.counts["request_frames"] += 1
             self.counts["reissued_requests"] += sum(again for _, again in unanswered)
 
     async def route_completions(self) -> None:
+        waiting = self._waiting
         while True:
             completions = await self._completions.receive()
             self.counts["completion_frames"] += 1
             for completion in completions:
-                waiter = self._waiting.get(completion.request_id)
-                if waiter is None or waiter[1]:  # a reissued request answered twice, or a stray: the first counts
+                waiter = waiting.pop(completion.request_id, None)
+                if waiter is None:  # a reissued request answered twice, or a stray: the first counts
                     self.counts["duplicate_completions"] += 1
                     continue
-                waiter[1].append(completion)
-                waiter[0].set()
+                if completion.error:
+                    waiter[0].put(waiter[1], GenerationRefused(
+                        f"the rollout actor refused generation request {completion.request_id}: {completion.error}"))
+                else:
+                    waiter[0].put(waiter[1], completion)
 
     def set_rollouts(self, addresses: list[str], member: str | None = None) -> None:
         """Send ``member``'s requests (default: the own policy's) to these rollout actors from now on (a scale):
@@ -179,7 +255,7 @@ class PolicyClient:
 
     def reissue(self) -> int:
         """Send again every generation request still unanswered. Returns how many go out."""
-        unanswered = [(request, group) for _, slot, request, group in self._waiting.values() if not slot]
+        unanswered = [(request, group) for _, _, request, group in self._waiting.values()]
         for request, group in unanswered:  # one answered (or ended) before it goes out is not sent
             self._post(group, request, True)
         return len(unanswered)
@@ -208,9 +284,11 @@ class TokenCodec:
         if core is not None:
             self._encode_new = lambda text, specials: _packed(core.encode(text, add_special_tokens=specials).ids)
             self.decode = lambda ids: core.decode(ids, skip_special_tokens=True)
+            self.decode_batch = lambda many: core.decode_batch(many, skip_special_tokens=True)
         else:
             self._encode_new = lambda text, specials: _packed(tokenizer(text, add_special_tokens=specials)["input_ids"])
             self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+            self.decode_batch = lambda many: [tokenizer.decode(ids, skip_special_tokens=True) for ids in many]
         self._cached = functools.lru_cache(maxsize=cache_size)(self._encode_new)
 
     def encode(self, text: str) -> list[int]:

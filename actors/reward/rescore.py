@@ -7,7 +7,7 @@ row's reward or return is not the one trained on (float32, bit for bit). An epis
 staleness bound dropped before training is ``partial``: only its returns are compared (a judge rewards an agent's
 last turn, which may be one that was dropped). ``scored_by`` (the judge's identity) is reported for both sides.
 
-Beside it, a check that needs no scorer: an agent's return is the sum of its rewards (``RewardCredit``), so a
+Beside it, a check that needs no scorer: an agent's return is the sum of its rewards (``EpisodeColumns``), so a
 whole episode whose rows say otherwise is counted ``inconsistent``.
 """
 

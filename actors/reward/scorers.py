@@ -12,8 +12,8 @@ wraps it (one episode at a time, ``scored_by`` as the function left it).
 
 How a score that judges a turn becomes rewards (`apply_scores`): each agent's last turn gets the score as its
 reward, its earlier turns 0, and every row of the agent gets the score as its ``episode_return``: an agent's return is
-the sum of its rewards (`actors.env.episode.RewardCredit`), here the one score. A single-turn episode's return equals its
-reward. The game's own rewards of a judged agent are replaced, not added to.
+the sum of its rewards (`actors.env.columns.EpisodeColumns`), here the one score. A single-turn episode's return
+equals its reward. The game's own rewards of a judged agent are replaced, not added to.
 """
 
 from __future__ import annotations

@@ -12,18 +12,7 @@ from envs.answers import FORMS
 from envs.registry import make
 from streams.messages import Completion
 from streams.schema import Columns
-
-
-class CharCodec:
-    """A fake tokenizer: one token per character, its code point."""
-
-    hits = 0
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(map(chr, ids))
+from tests.support.episodes import CharCodec, Quorum
 
 
 class FirstFreeCell:
@@ -126,39 +115,6 @@ def test_a_finished_game_can_be_played_again(seats):
     game = make("tictactoe")
     first, again = play(seats, FirstFreeCell(), game=game), play(seats, FirstFreeCell(), game=game)
     assert first[1] == again[1] and len(first[0]) == len(again[0])  # reset with the same seed: the same game
-
-
-class Quorum:
-    """A game of roles: seat 0 names a number, then seats 1..k each guess it, seeing only the question; the
-    guessers' moves do not depend on each other (``simultaneous_players``). Rewards at the end."""
-
-    name, num_players = "quorum", 4
-    roles = ["asker", "guesser", "guesser", "guesser"]
-
-    def reset(self, seed: int) -> None:
-        self.moves: list[str] = []
-
-    @property
-    def current_player(self) -> int:
-        return len(self.moves)
-
-    def simultaneous_players(self) -> list[int]:
-        return list(range(len(self.moves), 4)) if self.moves else []
-
-    def observation(self, player: int) -> str:
-        return "ask" if player == 0 else f"guess {player}"
-
-    def step(self, action_text: str):
-        from envs.base import StepResult
-
-        self.moves.append(action_text)
-        done = len(self.moves) == 4
-        right = sum(m == self.moves[0] for m in self.moves[1:])
-        return StepResult(rewards=[float(right), *[float(m == self.moves[0]) for m in self.moves[1:]], 0.0, 0.0][:4]
-                          if done else [0.0] * 4, terminated=done)
-
-    def legal_actions(self) -> list[str]:
-        return []
 
 
 def test_roles_are_written_on_rows_and_simultaneous_seats_are_asked_together():
