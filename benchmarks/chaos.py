@@ -119,9 +119,10 @@ def between_checkpoints(run: Driver) -> int:
     return seen["version"]
 
 
-def followed_new_life(run: Driver, fault: dict) -> None:
+def followed_new_life(run: Driver, fault: dict, training) -> None:
     """After the learner's restart: until every rollout actor holds the new life's weights and every env actor
-    counts admission against it; what they hold then goes in ``fault``."""
+    counts admission against it; what they hold then goes in ``fault``. A run whose training ends first (its actors
+    stop) leaves it unchecked, said in ``fault`` (``followed_s`` None)."""
     member = run.cfg.run.policy_id
     recovery = run.recoveries[member]
     wait_for(lambda: len(recovery.learner_starts) >= fault["learner_starts"] + 1, "the learner's restart")
@@ -129,13 +130,23 @@ def followed_new_life(run: Driver, fault: dict) -> None:
     group = run.top.groups[member]
 
     def followed() -> bool:
-        rollouts = [statistics(r) for r in list(group.rollouts)]
-        envs = [statistics(e) for e in list(run.top.envs)]
+        if not training():
+            return True
+        try:
+            rollouts = [statistics(r) for r in list(group.rollouts)]
+            envs = [statistics(e) for e in list(run.top.envs)]
+        except (ray.exceptions.RayError, ValueError):  # one restarting, or gone as the run stops: asked again
+            return False
         fault["rollout_versions"] = [r["version"] for r in rollouts]
         return (all(r["learner_life"] == start["life"] and r["life"] in (start["life"], None) for r in rollouts)
                 and all(e["learner_lives"].get(member) == start["life"] for e in envs))
 
     wait_for(followed, "the rollout and env actors to follow the learner's new life", timeout=120)
+    if not training():
+        fault.update(back_to=start["version"], life=start["life"], followed_s=None)
+        print(f"  the learner went back to version {start['version']} (life {start['life']}); the run's training "
+              "ended before its followers were checked", flush=True)
+        return
     fault.update(back_to=start["version"], life=start["life"], followed_s=time.time() - fault["time"])
     print(f"  the learner went back from version {fault['version']} to {start['version']} (life {start['life']}); "
           f"rollout and env actors followed it after {fault['followed_s']:.1f} s (rollout versions "
@@ -215,7 +226,7 @@ def drive(run: Driver, events, rng: random.Random, runner: threading.Thread) -> 
         done = {"kill": "killed", "crash": "crashed", "pair": "killed with its replay", "hang": "hung"}[what]
         print(f"{done} {name} at {fault['time'] - run.started:.1f} s", flush=True)
         if older:
-            followed_new_life(run, fault)
+            followed_new_life(run, fault, training)
     return faults
 
 
