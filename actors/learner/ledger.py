@@ -108,7 +108,6 @@ class Ledger:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.off = False
-        self.written = 0
 
     @classmethod
     def opened(cls, path: str | Path, version: int, cursor: dict | None = None) -> Ledger:
@@ -140,7 +139,6 @@ class Ledger:
             return
         try:
             append_line(self.path, json.dumps(entry, separators=(",", ":")))
-            self.written += 1
         except (OSError, ValueError, TypeError):
             log.exception("ledger %s: an entry of version %s not written: the ledger is off for the rest of this "
                           "learner's life (training goes on; a replay stops at this version)", self.path,

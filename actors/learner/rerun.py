@@ -229,12 +229,12 @@ class Rerun:
                                     "was turned on during the run): replay it from a checkpoint (--from-version)")
             return 0
         version = int(load_trainer_state(self.from_checkpoint / TRAINER_STATE)["version"])
-        made = [i for i, e in enumerate(entries) if e["kind"] in ("start", "update", "reset") and e["version"] == version]
+        # the entry that made the version (a version has one update or reset; a start holds the base's, version 0)
+        made = [i for kinds in (("update", "reset"), ("start",)) for i, e in enumerate(entries)
+                if e["kind"] in kinds and e["version"] == version]
         if not made:
             raise ReplayRefused(f"the ledger holds no version {version} (it reaches {self.recorded.versions})")
-        last_made = max(i for i in made if entries[i]["kind"] != "start") if any(
-            entries[i]["kind"] != "start" for i in made) else made[0]
-        return last_made
+        return made[0]
 
     def _check_code(self, force: bool) -> None:
         recorded = [e["code"] for e in self.recorded.entries if e["kind"] == "start"]
