@@ -3,6 +3,7 @@
     python benchmarks/env_hosting.py [--quick] [--episodes 1000] [--steps 60000] [--rounds 3] [--transport memory|zmq]
     python benchmarks/env_hosting.py --profile FILE [--steps 8000]   # where a generation-path move's time goes
     python benchmarks/env_hosting.py --floor [--quick]   # GEM against the generation path's own work in one loop
+    python benchmarks/env_hosting.py --lanes [--steps 30000]   # the lane group alone against a plain loop's work
 
 Side by side, in one run, on the same GEM game (``game:GuessTheNumber-v0-easy``) and the same number of
 environment steps, with a scripted policy (a random guess; no model):
@@ -86,8 +87,24 @@ async def _drain(receiver):
         await receiver.receive()
 
 
+class _TaskClock(trio.abc.Instrument):
+    """Wall time each trio task runs (``task.name`` -> seconds), counted while ``on``: where the path's time goes
+    with no profiler's cost on every call (a task runs hundreds of moves a step, so the clock's own cost is nil)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.on, self._started = False, 0.0
+
+    def before_task_step(self, task) -> None:
+        self._started = time.perf_counter()
+
+    def after_task_step(self, task) -> None:
+        if self.on:
+            self.seconds[task.name] = self.seconds.get(task.name, 0.0) + time.perf_counter() - self._started
+
+
 def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir: Path,
-                      through_rollout: bool, profile=None) -> tuple[float, dict]:
+                      through_rollout: bool, profile=None, clock: _TaskClock | None = None) -> tuple[float, dict]:
     """Environment steps/s of one EnvActor with ``episodes`` live episodes of the GEM game.
 
     ``through_rollout=False``: the scripted policy (GEM's own random action) sits in the seat as a fixed
@@ -123,16 +140,20 @@ def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir:
             first, start = env.statistics()["steps"], time.perf_counter()
             if profile is not None:  # the steady state only: not the imports, the tokenizer's load, the warm-up
                 profile.enable()
+            if clock is not None:
+                clock.on = True
             while env.statistics()["steps"] < first + steps:
                 await trio.sleep(0.01)
             if profile is not None:
                 profile.disable()
+            if clock is not None:
+                clock.on = False
             stats = env.statistics()
             result["rate"] = (stats["steps"] - first) / (time.perf_counter() - start)
             result["stats"] = stats
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    trio.run(main, instruments=[clock] if clock is not None else [])
     return result["rate"], result["stats"]
 
 
@@ -191,6 +212,117 @@ def floor_steps_per_s(episodes: int, steps: int, model_dir: Path) -> float:
         if finished:
             encode_episodes(finished)
     return done / (time.perf_counter() - start)
+
+
+class _InstantPort:
+    """A policy port answered by the caller between ticks (no trio, no streams): what ``LaneGroup`` asks through."""
+
+    def __init__(self):
+        self.asked: list = []
+        self._ids = iter(range(2**62))
+
+    def post(self, answers, token, prompt_ids, max_tokens: int, policy: str) -> int:
+        from streams.messages import GenerationRequest
+
+        request_id = next(self._ids)
+        self.asked.append((answers, token, GenerationRequest(request_id, "tcp://127.0.0.1:1", policy, prompt_ids, 1.0,
+                                                             max_tokens, 0)))
+        return request_id
+
+    def cancel(self, request_id: int) -> None:
+        pass
+
+
+def lanes_steps_per_s(episodes: int, steps: int, model_dir: Path, plain: bool) -> float:
+    """The lane group alone (``plain=False``): ``LaneGroup.tick`` over ``episodes`` lanes of the GEM game, its
+    requests answered by the scripted rule between ticks, each finished episode's columns taken (no trio, no
+    streams, no Arrow, no admission or delivery). ``plain=True``: the same per-move work in a plain loop (prompt
+    encoded, request made and answered, completions decoded in one batch, answer read, game stepped, row
+    written). Their difference is the lane group's own bookkeeping a move: a part of the path ``--floor`` has no
+    counterpart for."""
+    import itertools
+
+    from transformers import AutoTokenizer
+
+    import envs
+    from actors.env.episode import EpisodeCounts
+    from actors.env.lanes import EpisodeSettings, LaneGroup
+    from actors.env.policy_client import TokenCodec
+    from envs.answers import read_answer
+    from streams.messages import GenerationRequest
+    from streams.schema import Columns
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    codec, name = TokenCodec(tokenizer), "gem:" + GEM_GAME
+    rng = random.Random(0)
+    reply = _random_answers([tokenizer(guess(rng))["input_ids"] + [tokenizer.eos_token_id] for _ in range(50)])
+    games, seeds = [envs.make(name) for _ in range(episodes)], itertools.count()
+    if not plain:
+        port, counts = _InstantPort(), EpisodeCounts(1)
+        group = LaneGroup(port, codec, EpisodeSettings(env_name=name, max_new_tokens=16, answer="boxed"), counts)
+
+        def start(game) -> None:
+            def ended(played) -> None:
+                if played is not None:
+                    played[0].table_columns()
+                start(game)
+            group.start(game, ["p"], episode_id=f"e-{next(seeds)}", seed=next(seeds), learner="p", ended=ended)
+
+        for game in games:
+            start(game)
+
+        def play(moves: int) -> int:
+            first = counts.counts["steps"]
+            while counts.counts["steps"] - first < moves:
+                group.tick()
+                asked, port.asked = port.asked, []
+                for answers, token, request in asked:
+                    answers.put(token, reply(request))
+            return counts.counts["steps"] - first
+    else:
+        core, ids = tokenizer.backend_tokenizer, itertools.count()
+        for game in games:
+            game.reset(next(seeds))
+        rows: list[list[dict]] = [[] for _ in games]
+
+        def play(moves: int) -> int:
+            done = 0
+            while done < moves:
+                prompts = [codec.encode(game.observation(0)) for game in games]
+                requests = [GenerationRequest(next(ids), "tcp://127.0.0.1:1", "p", p, 1.0, 16, 0) for p in prompts]
+                completions = [reply(request) for request in requests]
+                texts = core.decode_batch([c.token_ids for c in completions], skip_special_tokens=True)
+                for lane, (game, prompt, completion, text) in enumerate(zip(games, prompts, completions, texts)):
+                    result = game.step(read_answer(text, "boxed", boxes=True))
+                    rows[lane].append({Columns.TURN: len(rows[lane]), Columns.PROMPT_IDS: prompt,
+                                       Columns.ACTION_IDS: completion.token_ids, Columns.ACTION_TEXT: text,
+                                       Columns.REWARD: result.rewards[0], Columns.INVALID_ACTION: result.invalid})
+                    done += 1
+                    if result.terminated or result.truncated:
+                        rows[lane] = []
+                        game.reset(next(seeds))
+            return done
+
+    play(2 * episodes)  # warm-up: every lane in an episode
+    start_s = time.perf_counter()
+    return play(steps) / (time.perf_counter() - start_s)
+
+
+def print_lanes(episodes: int, steps: int, rounds: int, model_dir: Path) -> None:
+    """``--lanes``: the lane group's bookkeeping a move, the lane group alone against the same work in a plain
+    loop, alternating; the fastest round of each counts (the least disturbed by the machine)."""
+    lanes_steps_per_s(episodes, episodes, model_dir, plain=False)  # untimed: what they load, then frozen
+    lanes_steps_per_s(episodes, episodes, model_dir, plain=True)
+    gc.collect()
+    gc.freeze()
+    group_us, plain_us = [], []
+    for round_ in range(rounds):
+        group_us.append(1e6 / lanes_steps_per_s(episodes, steps, model_dir, plain=False))
+        plain_us.append(1e6 / lanes_steps_per_s(episodes, steps, model_dir, plain=True))
+        print(f"round {round_ + 1}: the lane group alone {group_us[-1]:.1f} us a move, the same work in a plain loop "
+              f"{plain_us[-1]:.1f} us a move", flush=True)
+    group, alone = min(group_us), min(plain_us)
+    print(f"lanes_us={group:.1f} plain_us={alone:.1f} lanes_over_plain_us={group - alone:.1f}")
 
 
 def game_steps_per_s(seconds: float) -> dict[str, float]:
@@ -267,11 +399,18 @@ def profile_generation_path(episodes: int, steps: int, transport: str, model_dir
     import io
     import pstats
 
+    clock = _TaskClock()
+    rate, stats = tidal_steps_per_s(episodes, steps, transport, model_dir, through_rollout=True, clock=clock)
+    out = io.StringIO()
+    out.write(f"generation path, {episodes} episodes, {steps} steps, no profiler: {rate:,.0f} steps/s "
+              f"({1e6 / rate:.1f} us a move); wall time by trio task (the rest: the scheduler, and waiting):\n")
+    for name, seconds in sorted(clock.seconds.items(), key=lambda item: -item[1])[:10]:
+        out.write(f"  {1e6 * seconds / steps:7.1f} us a move  {name.rsplit('.', 2)[-2:][0]}.{name.rsplit('.', 1)[-1]}\n")
     profile = cProfile.Profile()
     rate, _ = tidal_steps_per_s(episodes, steps, transport, model_dir, through_rollout=True, profile=profile)
-    out = io.StringIO()
-    out.write(f"generation path, {episodes} episodes, {steps} steps under cProfile: {rate:,.0f} steps/s\n"
-              "where a move's time goes (own time of each part's functions; the profiler's cost included):\n")
+    out.write(f"the same under cProfile: {rate:,.0f} steps/s\n"
+              "where a move's time goes (own time of each part's functions; the profiler's cost included, so "
+              "parts made of many small calls weigh more than they do without it):\n")
     for name, share, micros in parts_of(pstats.Stats(profile), steps):
         out.write(f"  {share:6.1%}  {micros:7.1f} us a move  {name}\n")
     for order in ("tottime", "cumulative"):
@@ -290,6 +429,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="GEM and tidal alternate; medians are reported")
     parser.add_argument("--profile", type=Path, default=None, metavar="FILE",
                         help="only profile the generation path (cProfile, steady state) and write its top functions")
+    parser.add_argument("--lanes", action="store_true",
+                        help="only the lane group alone against the same per-move work in a plain loop")
     parser.add_argument("--floor", action="store_true",
                         help="only GEM against the generation path's own work in one plain loop (floor_steps_per_s)")
     args = parser.parse_args(argv)
@@ -311,6 +452,8 @@ def main(argv=None) -> None:
     freeze_what_is_loaded()
     if args.profile:
         return profile_generation_path(args.episodes, steps, args.transport, model_dir, 40, args.profile)
+    if args.lanes:
+        return print_lanes(args.episodes, steps, max(args.rounds, 5), model_dir)
     if args.floor:
         return print_floor(args.episodes, steps, args.rounds, model_dir)
     floor_steps_per_s(args.episodes, args.episodes, model_dir)  # untimed: what the floor's loop loads, then frozen

@@ -41,6 +41,14 @@ class InvalidActions:
     def current_player(self) -> int:
         return self.game.current_player
 
+    @property
+    def num_players(self) -> int:  # asked every episode, and a turn's budget every turn: not through __getattr__
+        return self.game.num_players
+
+    @property
+    def max_tokens(self) -> int | None:
+        return getattr(self.game, "max_tokens", None)
+
     def legal_actions(self) -> list[str]:
         return self.game.legal_actions()
 

@@ -29,6 +29,7 @@ class SingleAgentGame:
         self.info: dict = {}
         self._legal_actions = getattr(env, "legal_actions", None)
         self._seed, self._draws = 0, 0  # random actions drawn in this episode
+        self._budgeted = hasattr(env, "max_tokens")  # whether the env names a turn's budget (asked again at reset)
 
     def __getattr__(self, name):  # the env's own extras, e.g. expert_action()
         if name == "env":
@@ -38,6 +39,7 @@ class SingleAgentGame:
     def reset(self, seed: int = 0) -> None:
         self._observation, self.info = self.env.reset(seed=seed)
         self._seed, self._draws = seed, 0
+        self._budgeted = hasattr(self.env, "max_tokens")
 
     def observation(self, player: int = 0) -> str:
         return self._observation
@@ -51,7 +53,9 @@ class SingleAgentGame:
 
     @property
     def max_tokens(self) -> int | None:
-        return getattr(self.env, "max_tokens", None)
+        """The env's budget for this turn, if it names one (an env without the attribute at its reset has none:
+        asked every turn, a missing attribute costs a failed lookup through every wrapper of a GEM env)."""
+        return getattr(self.env, "max_tokens", None) if self._budgeted else None
 
     def step(self, action_text: str):
         outcome = self.env.step(action_text)

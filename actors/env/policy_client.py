@@ -86,6 +86,11 @@ class Answers:
         self.ready.append((token, value))
         self._wake.set()
 
+    def put_many(self, answers: list[tuple[object, object]]) -> None:
+        """Several (token, value) pairs at once (a frame's completions): one wake-up."""
+        self.ready.extend(answers)
+        self._wake.set()
+
     async def wait(self) -> None:
         """Until something is ready (a checkpoint, if it is)."""
         if self.ready:
@@ -141,7 +146,10 @@ class PolicyClient:
         request = GenerationRequest(request_id, self.reply_to, policy, prompt_ids, self._temperature, max_tokens,
                                     0 if snapshot else self._min_version(policy))
         self._waiting[request_id] = (answers, token, request, group)
-        self._post(group, request, False)  # its deadline runs from when it is sent (``send_requests``)
+        pending = self._pending[group]  # its deadline runs from when it is sent (``send_requests``)
+        if not pending:  # the first of a frame wakes its sender (as ``_post``; the rest only join it)
+            self._wake[group].set()
+        pending.append((request, False))
         return request_id
 
     def cancel(self, request_id: int) -> None:
@@ -226,16 +234,23 @@ class PolicyClient:
         while True:
             completions = await self._completions.receive()
             self.counts["completion_frames"] += 1
+            landing: dict[int, tuple[Answers, list]] = {}  # id(answers) -> its answers of this frame: put at once
             for completion in completions:
                 waiter = waiting.pop(completion.request_id, None)
                 if waiter is None:  # a reissued request answered twice, or a stray: the first counts
                     self.counts["duplicate_completions"] += 1
                     continue
+                answers, token = waiter[0], waiter[1]
                 if completion.error:
-                    waiter[0].put(waiter[1], GenerationRefused(
+                    answers.put(token, GenerationRefused(
                         f"the rollout actor refused generation request {completion.request_id}: {completion.error}"))
-                else:
-                    waiter[0].put(waiter[1], completion)
+                    continue
+                to = landing.get(id(answers))
+                if to is None:
+                    to = landing[id(answers)] = (answers, [])
+                to[1].append((token, completion))
+            for answers, answered in landing.values():
+                answers.put_many(answered)
 
     def set_rollouts(self, addresses: list[str], member: str | None = None) -> None:
         """Send ``member``'s requests (default: the own policy's) to these rollout actors from now on (a scale):

@@ -159,6 +159,7 @@ class PromptRenderer:
 
     def __init__(self, format: PromptFormat, codec, tokenizer=None):
         self.format, self.codec, self.tokenizer = format, codec, tokenizer
+        self._plain = format.plain  # the format is frozen: asked once, not every turn
         if format.frame == "chat":
             if tokenizer is None or not getattr(tokenizer, "chat_template", None):
                 raise ValueError(f"prompt.template={format.name}: the model's tokenizer has no chat template "
@@ -187,7 +188,7 @@ class PromptRenderer:
         return "\n\n".join(m["content"] for m in messages)  # raw: a system text, then the user text
 
     def ids(self, observation: str, earlier: list[tuple[str, str]] = (), role: str = "") -> list[int]:
-        if self.format.plain:
+        if self._plain:
             return self.codec.encode(observation)
         text = self.text(observation, earlier, role)
         return self.codec.encode_chat(text) if self.format.frame == "chat" else self.codec.encode(text)

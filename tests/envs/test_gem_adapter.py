@@ -116,3 +116,43 @@ def test_a_gem_game_reads_the_last_box_after_the_reasoning_and_never_sees_an_unr
     prompts, returns, counts, game = play("I guess \\boxed{5}", 0)  # no </think>: no answer
     assert returns == [-1.5] and counts["unreadable_actions"] == 1 == counts["forfeits"]
     assert game.env.turn_count == 0  # GEM never saw the completion
+
+
+def test_a_single_agent_game_gives_the_budget_its_env_names_and_none_for_one_that_names_none():
+    """A turn's budget is asked every turn through the wrappers (``InvalidActions`` over ``SingleAgentGame``): an env
+    with no ``max_tokens`` at its reset has none, one that names it (at construction or at reset) is followed turn
+    by turn."""
+    from envs.invalid import InvalidActions
+    from envs.single_agent import SingleAgentGame
+
+    class Budgets:
+        def __init__(self, at_init: bool):
+            if at_init:
+                self.max_tokens = 5
+
+        def reset(self, seed=0):
+            self.max_tokens = 7 + seed
+            return "start", {}
+
+        def step(self, action):
+            self.max_tokens = 11
+            return "next", 0.0, False, False, {}
+
+    class NoBudget:
+        def reset(self, seed=0):
+            return "start", {}
+
+        def step(self, action):
+            return "next", 0.0, False, False, {}
+
+    for at_init in (True, False):
+        game = InvalidActions(SingleAgentGame(Budgets(at_init)))
+        assert game.num_players == 1
+        game.reset(2)
+        assert game.max_tokens == 9
+        game.step("[1]")
+        assert game.max_tokens == 11
+    plain = InvalidActions(SingleAgentGame(NoBudget()))
+    plain.reset(0)
+    assert plain.max_tokens is None and plain.num_players == 1
+    assert envs.make(GAME).max_tokens is None
