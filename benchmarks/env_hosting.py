@@ -69,10 +69,12 @@ def gem_steps_per_s(episodes: int, steps: int) -> float:
     return done / (time.perf_counter() - start)
 
 
-def _random_answers(answers: list[list[int]]):
-    """A rule for the scripted rollout: one of ``answers`` (token ids), at random."""
+def _random_answers(tokenizer):
+    """A rule for the scripted rollout: one of 50 boxed guesses (token ids, ending with EOS), at random."""
     from streams.messages import Completion
 
+    rng = random.Random(0)
+    answers = [tokenizer(guess(rng))["input_ids"] + [tokenizer.eos_token_id] for _ in range(50)]
     rng = random.Random(1)
 
     def reply(request):
@@ -118,15 +120,13 @@ def tidal_steps_per_s(episodes: int, steps: int, transport_name: str, model_dir:
     from streams.channels import MemoryTransport, ZmqTransport
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rng = random.Random(0)
-    answers = [tokenizer(guess(rng))["input_ids"] + [tokenizer.eos_token_id] for _ in range(50)]
     result = {}
 
     async def main():
         transport = MemoryTransport() if transport_name == "memory" else ZmqTransport()
         async with transport.open_receiver(capacity=4096) as requests, \
                 transport.open_receiver(capacity=1024) as sink, trio.open_nursery() as nursery:
-            nursery.start_soon(serve_scripted, transport, requests, _random_answers(answers))
+            nursery.start_soon(serve_scripted, transport, requests, _random_answers(tokenizer))
             nursery.start_soon(_drain, sink)
             env = EnvActor(EnvConfig(tokenizer_path=str(model_dir), env_name="gem:" + GEM_GAME, answer="boxed",
                                      concurrency=episodes, batch_episodes=10**9))  # admission: no limit here
@@ -177,8 +177,7 @@ def floor_steps_per_s(episodes: int, steps: int, model_dir: Path) -> float:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     codec, core = TokenCodec(tokenizer), tokenizer.backend_tokenizer
-    rng = random.Random(0)
-    reply = _random_answers([tokenizer(guess(rng))["input_ids"] + [tokenizer.eos_token_id] for _ in range(50)])
+    reply = _random_answers(tokenizer)
     games = [envs.make("gem:" + GEM_GAME) for _ in range(episodes)]
     seeds = itertools.count()
     for game in games:
@@ -218,28 +217,28 @@ class _InstantPort:
     """A policy port answered by the caller between ticks (no trio, no streams): what ``LaneGroup`` asks through."""
 
     def __init__(self):
-        self.asked: list = []
-        self._ids = iter(range(2**62))
+        import itertools
 
-    def post(self, answers, token, prompt_ids, max_tokens: int, policy: str) -> int:
         from streams.messages import GenerationRequest
 
+        self.asked: list = []
+        self._ids, self._request = itertools.count(), GenerationRequest
+
+    def post(self, answers, token, prompt_ids, max_tokens: int, policy: str) -> int:
         request_id = next(self._ids)
-        self.asked.append((answers, token, GenerationRequest(request_id, "tcp://127.0.0.1:1", policy, prompt_ids, 1.0,
-                                                             max_tokens, 0)))
+        self.asked.append((answers, token, self._request(request_id, "tcp://127.0.0.1:1", policy, prompt_ids, 1.0,
+                                                         max_tokens, 0)))
         return request_id
 
     def cancel(self, request_id: int) -> None:
         pass
 
 
-def lanes_steps_per_s(episodes: int, steps: int, model_dir: Path, plain: bool) -> float:
-    """The lane group alone (``plain=False``): ``LaneGroup.tick`` over ``episodes`` lanes of the GEM game, its
-    requests answered by the scripted rule between ticks, each finished episode's columns taken (no trio, no
-    streams, no Arrow, no admission or delivery). ``plain=True``: the same per-move work in a plain loop (prompt
-    encoded, request made and answered, completions decoded in one batch, answer read, game stepped, row
-    written). Their difference is the lane group's own bookkeeping a move: a part of the path ``--floor`` has no
-    counterpart for."""
+def lanes_steps_per_s(episodes: int, steps: int, model_dir: Path) -> float:
+    """The lane group alone: ``LaneGroup.tick`` over ``episodes`` lanes of the GEM game, its requests answered by
+    the scripted rule between ticks, each finished episode's columns taken (no trio, no streams, no Arrow, no
+    admission or delivery). Against ``plain_steps_per_s``, the lane group's own bookkeeping a move: a part of the
+    path ``--floor`` has no counterpart for."""
     import itertools
 
     from transformers import AutoTokenizer
@@ -248,77 +247,95 @@ def lanes_steps_per_s(episodes: int, steps: int, model_dir: Path, plain: bool) -
     from actors.env.episode import EpisodeCounts
     from actors.env.lanes import EpisodeSettings, LaneGroup
     from actors.env.policy_client import TokenCodec
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    reply, name, seeds = _random_answers(tokenizer), "gem:" + GEM_GAME, itertools.count()
+    port, counts = _InstantPort(), EpisodeCounts(1)
+    group = LaneGroup(port, TokenCodec(tokenizer), EpisodeSettings(env_name=name, max_new_tokens=16, answer="boxed"),
+                      counts)
+
+    def start(game) -> None:
+        def ended(played) -> None:
+            if played is not None:
+                played[0].table_columns()
+            start(game)
+        group.start(game, ["p"], episode_id=f"e-{next(seeds)}", seed=next(seeds), learner="p", ended=ended)
+
+    for _ in range(episodes):
+        start(envs.make(name))
+
+    def play(moves: int) -> int:
+        first = counts.counts["steps"]
+        while counts.counts["steps"] - first < moves:
+            group.tick()
+            asked, port.asked = port.asked, []
+            for answers, token, request in asked:
+                answers.put(token, reply(request))
+        return counts.counts["steps"] - first
+
+    return _timed(play, episodes, steps)
+
+
+def plain_steps_per_s(episodes: int, steps: int, model_dir: Path) -> float:
+    """The lane group's per-move work in a plain loop: each tick every lane's prompt encoded, its request made and
+    answered by the scripted rule, the completions decoded in one batch, each answer read, each game stepped and
+    its row written (the floor's loop without its frames and Arrow tables)."""
+    import itertools
+
+    from transformers import AutoTokenizer
+
+    import envs
+    from actors.env.policy_client import TokenCodec
     from envs.answers import read_answer
     from streams.messages import GenerationRequest
     from streams.schema import Columns
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    codec, name = TokenCodec(tokenizer), "gem:" + GEM_GAME
-    rng = random.Random(0)
-    reply = _random_answers([tokenizer(guess(rng))["input_ids"] + [tokenizer.eos_token_id] for _ in range(50)])
-    games, seeds = [envs.make(name) for _ in range(episodes)], itertools.count()
-    if not plain:
-        port, counts = _InstantPort(), EpisodeCounts(1)
-        group = LaneGroup(port, codec, EpisodeSettings(env_name=name, max_new_tokens=16, answer="boxed"), counts)
+    codec, core, reply = TokenCodec(tokenizer), tokenizer.backend_tokenizer, _random_answers(tokenizer)
+    games, seeds, ids = [envs.make("gem:" + GEM_GAME) for _ in range(episodes)], itertools.count(), itertools.count()
+    for game in games:
+        game.reset(next(seeds))
+    rows: list[list[dict]] = [[] for _ in games]
 
-        def start(game) -> None:
-            def ended(played) -> None:
-                if played is not None:
-                    played[0].table_columns()
-                start(game)
-            group.start(game, ["p"], episode_id=f"e-{next(seeds)}", seed=next(seeds), learner="p", ended=ended)
+    def play(moves: int) -> int:
+        done = 0
+        while done < moves:
+            prompts = [codec.encode(game.observation(0)) for game in games]
+            requests = [GenerationRequest(next(ids), "tcp://127.0.0.1:1", "p", p, 1.0, 16, 0) for p in prompts]
+            completions = [reply(request) for request in requests]
+            texts = core.decode_batch([c.token_ids for c in completions], skip_special_tokens=True)
+            for lane, (game, prompt, completion, text) in enumerate(zip(games, prompts, completions, texts)):
+                result = game.step(read_answer(text, "boxed", boxes=True))
+                rows[lane].append({Columns.TURN: len(rows[lane]), Columns.PROMPT_IDS: prompt,
+                                   Columns.ACTION_IDS: completion.token_ids, Columns.ACTION_TEXT: text,
+                                   Columns.REWARD: result.rewards[0], Columns.INVALID_ACTION: result.invalid})
+                done += 1
+                if result.terminated or result.truncated:
+                    rows[lane] = []
+                    game.reset(next(seeds))
+        return done
 
-        for game in games:
-            start(game)
+    return _timed(play, episodes, steps)
 
-        def play(moves: int) -> int:
-            first = counts.counts["steps"]
-            while counts.counts["steps"] - first < moves:
-                group.tick()
-                asked, port.asked = port.asked, []
-                for answers, token, request in asked:
-                    answers.put(token, reply(request))
-            return counts.counts["steps"] - first
-    else:
-        core, ids = tokenizer.backend_tokenizer, itertools.count()
-        for game in games:
-            game.reset(next(seeds))
-        rows: list[list[dict]] = [[] for _ in games]
 
-        def play(moves: int) -> int:
-            done = 0
-            while done < moves:
-                prompts = [codec.encode(game.observation(0)) for game in games]
-                requests = [GenerationRequest(next(ids), "tcp://127.0.0.1:1", "p", p, 1.0, 16, 0) for p in prompts]
-                completions = [reply(request) for request in requests]
-                texts = core.decode_batch([c.token_ids for c in completions], skip_special_tokens=True)
-                for lane, (game, prompt, completion, text) in enumerate(zip(games, prompts, completions, texts)):
-                    result = game.step(read_answer(text, "boxed", boxes=True))
-                    rows[lane].append({Columns.TURN: len(rows[lane]), Columns.PROMPT_IDS: prompt,
-                                       Columns.ACTION_IDS: completion.token_ids, Columns.ACTION_TEXT: text,
-                                       Columns.REWARD: result.rewards[0], Columns.INVALID_ACTION: result.invalid})
-                    done += 1
-                    if result.terminated or result.truncated:
-                        rows[lane] = []
-                        game.reset(next(seeds))
-            return done
-
-    play(2 * episodes)  # warm-up: every lane in an episode
-    start_s = time.perf_counter()
-    return play(steps) / (time.perf_counter() - start_s)
+def _timed(play, episodes: int, steps: int) -> float:
+    """Moves/s of ``play(steps)``, after ``play`` warmed up every lane into an episode."""
+    play(2 * episodes)
+    start = time.perf_counter()
+    return play(steps) / (time.perf_counter() - start)
 
 
 def print_lanes(episodes: int, steps: int, rounds: int, model_dir: Path) -> None:
     """``--lanes``: the lane group's bookkeeping a move, the lane group alone against the same work in a plain
     loop, alternating; the fastest round of each counts (the least disturbed by the machine)."""
-    lanes_steps_per_s(episodes, episodes, model_dir, plain=False)  # untimed: what they load, then frozen
-    lanes_steps_per_s(episodes, episodes, model_dir, plain=True)
+    lanes_steps_per_s(episodes, episodes, model_dir)  # untimed: what they load, then frozen
+    plain_steps_per_s(episodes, episodes, model_dir)
     gc.collect()
     gc.freeze()
     group_us, plain_us = [], []
     for round_ in range(rounds):
-        group_us.append(1e6 / lanes_steps_per_s(episodes, steps, model_dir, plain=False))
-        plain_us.append(1e6 / lanes_steps_per_s(episodes, steps, model_dir, plain=True))
+        group_us.append(1e6 / lanes_steps_per_s(episodes, steps, model_dir))
+        plain_us.append(1e6 / plain_steps_per_s(episodes, steps, model_dir))
         print(f"round {round_ + 1}: the lane group alone {group_us[-1]:.1f} us a move, the same work in a plain loop "
               f"{plain_us[-1]:.1f} us a move", flush=True)
     group, alone = min(group_us), min(plain_us)
@@ -405,7 +422,7 @@ def profile_generation_path(episodes: int, steps: int, transport: str, model_dir
     out.write(f"generation path, {episodes} episodes, {steps} steps, no profiler: {rate:,.0f} steps/s "
               f"({1e6 / rate:.1f} us a move); wall time by trio task (the rest: the scheduler, and waiting):\n")
     for name, seconds in sorted(clock.seconds.items(), key=lambda item: -item[1])[:10]:
-        out.write(f"  {1e6 * seconds / steps:7.1f} us a move  {name.rsplit('.', 2)[-2:][0]}.{name.rsplit('.', 1)[-1]}\n")
+        out.write(f"  {1e6 * seconds / steps:7.1f} us a move  {'.'.join(name.split('.')[-2:])}\n")
     profile = cProfile.Profile()
     rate, _ = tidal_steps_per_s(episodes, steps, transport, model_dir, through_rollout=True, profile=profile)
     out.write(f"the same under cProfile: {rate:,.0f} steps/s\n"

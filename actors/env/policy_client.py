@@ -146,10 +146,7 @@ class PolicyClient:
         request = GenerationRequest(request_id, self.reply_to, policy, prompt_ids, self._temperature, max_tokens,
                                     0 if snapshot else self._min_version(policy))
         self._waiting[request_id] = (answers, token, request, group)
-        pending = self._pending[group]  # its deadline runs from when it is sent (``send_requests``)
-        if not pending:  # the first of a frame wakes its sender (as ``_post``; the rest only join it)
-            self._wake[group].set()
-        pending.append((request, False))
+        self._post(group, request, False)  # its deadline runs from when it is sent (``send_requests``)
         return request_id
 
     def cancel(self, request_id: int) -> None:
@@ -205,8 +202,10 @@ class PolicyClient:
         self._deadlines.extend([(due, request_id, 0) for request_id in request_ids])
 
     def _post(self, group: str, request: GenerationRequest, reissue: bool) -> None:
-        self._pending[group].append((request, reissue))
-        self._wake[group].set()
+        pending = self._pending[group]
+        if not pending:  # the first of a frame wakes its sender; the rest join it (``send_requests`` takes them all)
+            self._wake[group].set()
+        pending.append((request, reissue))
 
     async def send_requests(self, group: str) -> None:
         """Send what ``group``'s episodes asked, a few frames at a time; a request answered or given up on while it
@@ -234,7 +233,7 @@ class PolicyClient:
         while True:
             completions = await self._completions.receive()
             self.counts["completion_frames"] += 1
-            landing: dict[int, tuple[Answers, list]] = {}  # id(answers) -> its answers of this frame: put at once
+            landing: dict[Answers, list] = {}  # where answers go -> its answers of this frame: put at once
             for completion in completions:
                 waiter = waiting.pop(completion.request_id, None)
                 if waiter is None:  # a reissued request answered twice, or a stray: the first counts
@@ -245,11 +244,8 @@ class PolicyClient:
                     answers.put(token, GenerationRefused(
                         f"the rollout actor refused generation request {completion.request_id}: {completion.error}"))
                     continue
-                to = landing.get(id(answers))
-                if to is None:
-                    to = landing[id(answers)] = (answers, [])
-                to[1].append((token, completion))
-            for answers, answered in landing.values():
+                landing.setdefault(answers, []).append((token, completion))
+            for answers, answered in landing.items():
                 answers.put_many(answered)
 
     def set_rollouts(self, addresses: list[str], member: str | None = None) -> None:
